@@ -1,0 +1,30 @@
+"""`cost-router` command line. Each area owns its sub-commands; heavy imports stay inside commands."""
+
+from __future__ import annotations
+
+import typer
+
+from backends.cli import backends_app
+from classifiers.cli import classifier_app
+from policies.budget_cli import budget_app, keys_app
+from policies.experiment_cli import ab_app
+from router.serve_cli import register_serve
+from simulations.cli import register_simulation_commands
+
+app = typer.Typer(
+    name="cost-router",
+    help="Cost-aware OpenAI-compatible LLM query router.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(classifier_app, name="classifier", help="Train, evaluate and run the classifier.")
+app.add_typer(keys_app, name="keys", help="Manage API keys.")
+app.add_typer(budget_app, name="budget", help="Show and manage team budgets.")
+app.add_typer(ab_app, name="ab", help="A/B experiments between policies.")
+app.add_typer(backends_app, name="backends", help="Plan and launch tier servers (vLLM, llama.cpp).")
+register_serve(app)
+register_simulation_commands(app)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,26 @@
+"""`cost-router serve` and `cost-router config check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+config_app = typer.Typer(no_args_is_help=True)
+
+
+@config_app.command("check")
+def config_check(path: Path) -> None:
+    """Validate a config file; on error, name the offending key and exit 1."""
+    from router.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{path}: OK ({len(cfg.tiers)} tiers, {len(cfg.policies)} policies)")
+
+
+def register_serve(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config", help="Validate configuration.")

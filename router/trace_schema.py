@@ -1,0 +1,63 @@
+"""The trace record: one JSON object per line, written by the proxy, read by training and the simulator.
+
+Versioned: ``schema_version`` is bumped on any incompatible change; readers accept every version
+they know and reject newer ones with a clear error. See docs/traces.md for the field reference.
+
+Version 1 fields (all optional except ``schema_version``, ``id`` and ``time`` unless noted):
+
+- identity: ``id`` (request id), ``time`` (UNIX seconds, float), ``team``, ``key_id``, ``user``
+- decision: ``policy``, ``experiment``, ``arm``, ``score`` (classifier, 0..1), ``tier`` (chosen),
+  ``model`` (that answered), ``requested_model``, ``reason``, ``downgraded``,
+  ``fallback_from`` (tier that failed first, if any), ``tiers_tried``
+- usage: ``prompt_tokens``, ``completion_tokens``, ``cost_usd``, ``latency_ms``, ``ttft_ms``
+- outcome: ``status`` (HTTP status returned to the client), ``error`` (error code), ``stream``
+- content (only when configured): ``prompt`` (the text the classifier scored), ``messages``
+- evaluation (offline traces, replay): ``outcomes`` = {tier or model name: quality in [0, 1]},
+  ``feedback`` (mean user feedback score, filled by /v1/feedback)
+- live backend signals: ``backend_signals`` = {tier: {metric: value}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+
+class TraceRecord(BaseModel):
+    # Readers ignore unknown fields so newer minor additions don't break old simulators.
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: int = SCHEMA_VERSION
+    id: str
+    time: float
+    team: str | None = None
+    key_id: str | None = None
+    user: str | None = None
+    policy: str | None = None
+    experiment: str | None = None
+    arm: str | None = None
+    score: float | None = Field(default=None, ge=0, le=1)
+    tier: str | None = None
+    model: str | None = None
+    requested_model: str | None = None
+    reason: str | None = None
+    downgraded: bool = False
+    fallback_from: str | None = None
+    tiers_tried: list[str] = Field(default_factory=list)
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    completion_tokens: int | None = Field(default=None, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0)
+    latency_ms: float | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, ge=0)
+    status: int | None = None
+    error: str | None = None
+    stream: bool = False
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    outcomes: dict[str, float] | None = None
+    feedback: float | None = None
+    backend_signals: dict[str, dict[str, float]] | None = None

@@ -31,3 +31,7 @@ test: $(STAMP) redis
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	@echo "run the scripts in benchmarks/; results go to docs/benchmarks.md"

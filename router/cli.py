@@ -1,4 +1,7 @@
-"""`cost-router` command line. Each area owns its sub-commands; heavy imports stay inside commands."""
+"""`cost-router` command line.
+
+Each area owns its sub-commands; heavy imports stay inside the commands.
+"""
 
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ class Price(StrictModel):
     output_per_mtok: float = Field(ge=0, description="USD per million completion tokens")
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok) / 1e6
+        spend = prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok
+        return spend / 1e6
 
 
 class SpeculativeConfig(StrictModel):
@@ -73,7 +74,9 @@ class TierConfig(StrictModel):
     connect_retries: int = Field(default=2, ge=0, le=10)
     max_inflight: int = Field(default=64, ge=1)
     queue_timeout_s: float = Field(default=0.5, ge=0)
-    fallback: list[str] = Field(default_factory=list, description="tiers to try, in order, on failure")
+    fallback: list[str] = Field(
+        default_factory=list, description="tiers to try, in order, on failure"
+    )
     metrics_url: str | None = Field(default=None, description="Prometheus /metrics of the server")
     replay_trace: str | None = Field(default=None, description="trace file for kind=replay")
     launch: LaunchConfig | None = None

@@ -1,4 +1,6 @@
-"""The trace record: one JSON object per line, written by the proxy, read by training and the simulator.
+"""The trace record: one JSON object per line.
+
+Written by the proxy, read by training and by the simulator.
 
 Versioned: ``schema_version`` is bumped on any incompatible change; readers accept every version
 they know and reject newer ones with a clear error. See docs/traces.md for the field reference.

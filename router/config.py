@@ -8,7 +8,9 @@ Values are parsed as YAML scalars, so ``true``/``8``/``0.5`` get their natural t
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -37,29 +39,56 @@ class Price(StrictModel):
 
 
 class SpeculativeConfig(StrictModel):
+    """Speculative decoding of a tier's server (vLLM --speculative-config, llama.cpp lookup).
+
+    `prompt_lookup` is accepted as another name for vLLM's `ngram` (both draft by matching n-grams
+    of the prompt). Impossible combinations are rejected by `backends.launch.launch_problems`.
+    """
+
     method: Literal["ngram", "eagle", "eagle3", "draft_model", "prompt_lookup"] = "ngram"
     num_speculative_tokens: int = Field(default=5, ge=1, le=64)
-    draft_model: str | None = None
+    draft_model: str | None = Field(default=None, description="draft model / EAGLE head (vLLM)")
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     prompt_lookup_max: int | None = Field(default=None, ge=1)
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    quantization: Literal["awq", "gptq", "fp8"] | None = Field(
+        default=None, description="quantization of the draft model's weights (vLLM)"
+    )
 
 
 class LaunchConfig(StrictModel):
     """How to start a tier's server (used by `cost-router backends plan|launch`)."""
 
     engine: Literal["vllm", "llama_cpp"] = "vllm"
-    model: str
+    model: str = Field(
+        description="HF id or path (vLLM); GGUF path or 'package:PKG/FILE.gguf' (llama.cpp)"
+    )
     port: int = Field(default=8000, ge=1, le=65535)
     host: str = "127.0.0.1"
     tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
     quantization: Literal["awq", "gptq", "fp8"] | None = None
-    dtype: str | None = None
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
     max_model_len: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     speculative: SpeculativeConfig | None = None
     n_threads: int | None = Field(default=None, ge=1)
     n_ctx: int | None = Field(default=None, ge=1)
     extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(
+        default_factory=dict, description="server environment, e.g. CUDA_VISIBLE_DEVICES"
+    )
+    ready_timeout_s: float = Field(default=600.0, gt=0, description="launch waits this long")
+
+    @model_validator(mode="after")
+    def _possible(self) -> LaunchConfig:
+        # Imported here: backends.launch imports this module for its types.
+        from backends.launch import launch_problems
+
+        problems = launch_problems(self)
+        if problems:
+            raise ValueError("; ".join(f"{key}: {msg}" for key, msg in problems))
+        return self
 
 
 class TierConfig(StrictModel):
@@ -108,19 +137,38 @@ class ExperimentArm(StrictModel):
 
 
 class ExperimentConfig(StrictModel):
-    name: str
-    arms: dict[str, ExperimentArm]
+    """An A/B split: units hash (with the salt) to arms by weight; see policies/experiments.py."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    arms: dict[str, ExperimentArm] = Field(min_length=1)
     unit: Literal["team", "key", "user", "header"] = "team"
-    header: str | None = None
-    salt: str = ""
-    start: str | None = None
-    stop: str | None = None
+    header: str | None = Field(default=None, description="header name for unit 'header'")
+    salt: str = Field(default="", description="'' = the experiment name")
+    start: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
+    stop: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
     teams: list[str] | None = Field(default=None, description="None = all teams")
+
+    @field_validator("start", "stop")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, arms: dict[str, ExperimentArm]) -> dict[str, ExperimentArm]:
+        bad = [a for a in arms if not re.fullmatch(r"[A-Za-z0-9_.\-]+", a)]
+        if bad:
+            raise ValueError(f"arm names must match [A-Za-z0-9_.-]+: {bad}")
+        return arms
 
     @model_validator(mode="after")
     def _header_named(self) -> ExperimentConfig:
         if self.unit == "header" and not self.header:
             raise ValueError("unit 'header' needs 'header'")
+        if self.start and self.stop and self.stop <= self.start:
+            raise ValueError("stop must be after start")
         return self
 
 
@@ -153,12 +201,45 @@ class AuthConfig(StrictModel):
 class BudgetsConfig(StrictModel):
     store: Literal["memory", "redis"] = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = "cr"
+    key_prefix: str = Field(default="cr", pattern=r"^[A-Za-z0-9_.\-]+$")
     fail_mode: Literal["closed", "open"] = "closed"
-    lease_s: float = Field(default=120.0, gt=0)
+    lease_s: float = Field(default=120.0, gt=0, description="reservation lease before reclaim")
     default_max_tokens: int = Field(default=1024, ge=1)
+    enforce_max_tokens: bool = Field(
+        default=True,
+        description="send default_max_tokens upstream when the client gave none, so the "
+        "reserved worst case is a true upper bound",
+    )
+    prompt_estimate: Literal["bytes", "tiktoken"] = Field(
+        default="bytes",
+        description="prompt-token bound for reservations: 'bytes' (UTF-8 bytes, a strict upper "
+        "bound for byte-level BPE) or 'tiktoken' (tighter, not a strict bound)",
+    )
     timezone: str = "UTC"
     downgrade: bool = True
+    redis_timeout_s: float = Field(default=1.0, gt=0, description="per-command socket timeout")
+    sweep_interval_s: float = Field(default=10.0, gt=0, description="expired-lease sweeper")
+    key_cache_s: float = Field(default=5.0, ge=0, description="cache of run-time key lookups")
+    view_cache_s: float = Field(
+        default=1.0, ge=0,
+        description="how stale the budget view a policy sees may be (reserve is always exact)",
+    )
+    journal_path: str | None = Field(
+        default=None,
+        description="file for charges made while Redis was down (fail_mode open or a settle "
+        "that could not reach Redis); None keeps them in memory",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, zone: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {zone!r}") from None
+        return zone
 
 
 class TracesConfig(StrictModel):
@@ -175,6 +256,17 @@ class ServerConfig(StrictModel):
     drain_timeout_s: float = Field(default=30.0, ge=0)
 
 
+class SignalsConfig(StrictModel):
+    """Polling of each tier's /metrics (backends/signals.py) for load-aware routing and traces."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    stale_after_s: float = Field(
+        default=10.0, gt=0, description="older readings are not given to policies"
+    )
+
+
 class RouterConfig(StrictModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     classifier: ClassifierConfig = Field(default_factory=ClassifierConfig)
@@ -187,6 +279,7 @@ class RouterConfig(StrictModel):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
     traces: TracesConfig = Field(default_factory=TracesConfig)
+    signals: SignalsConfig = Field(default_factory=SignalsConfig)
 
     @field_validator("tiers")
     @classmethod
@@ -207,15 +300,21 @@ class RouterConfig(StrictModel):
         tiers = {t.name for t in self.tiers}
         if self.policies and self.default_policy not in self.policies:
             raise ValueError(f"default_policy {self.default_policy!r} is not in policies")
+        # With no policies configured, the default policy is built in (policies/registry.py).
+        known = set(self.policies) or {self.default_policy}
         for name, team in self.teams.items():
-            if team.policy and team.policy not in self.policies:
+            if team.policy and team.policy not in known:
                 raise ValueError(f"teams.{name}.policy names unknown policy {team.policy!r}")
         for i, key in enumerate(self.keys):
-            if key.policy and key.policy not in self.policies:
+            if key.policy and key.policy not in known:
                 raise ValueError(f"keys[{i}].policy names unknown policy {key.policy!r}")
+        names = [e.name for e in self.experiments]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate experiment names: {dupes}")
         for i, exp in enumerate(self.experiments):
             for arm, spec in exp.arms.items():
-                if spec.policy not in self.policies:
+                if spec.policy not in known:
                     raise ValueError(
                         f"experiments[{i}].arms.{arm}.policy names unknown policy {spec.policy!r}"
                     )
@@ -224,6 +323,10 @@ class RouterConfig(StrictModel):
                 ref = (pol.model_extra or {}).get(field)
                 if isinstance(ref, str) and ref not in tiers:
                     raise ValueError(f"policies.{name}.{field} names unknown tier {ref!r}")
+        # Imported here: policies.registry imports this module. Checks params without file I/O.
+        from policies.registry import validate_policy_params
+
+        validate_policy_params(self)
         return self
 
     def tier(self, name: str) -> TierConfig:

@@ -15,7 +15,8 @@ Version 1 fields (all optional except ``schema_version``, ``id`` and ``time`` un
 - outcome: ``status`` (HTTP status returned to the client), ``error`` (error code), ``stream``
 - content (only when configured): ``prompt`` (the text the classifier scored), ``messages``
 - evaluation (offline traces, replay): ``outcomes`` = {tier or model name: quality in [0, 1]},
-  ``feedback`` (mean user feedback score, filled by /v1/feedback)
+  ``feedback`` (mean user feedback score, filled by /v1/feedback), ``source`` (benchmark or
+  dataset the request came from; evaluation reports quality per source)
 - live backend signals: ``backend_signals`` = {tier: {metric: value}}
 """
 
@@ -61,5 +62,6 @@ class TraceRecord(BaseModel):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     outcomes: dict[str, float] | None = None
+    source: str | None = None
     feedback: float | None = None
     backend_signals: dict[str, dict[str, float]] | None = None

@@ -1,0 +1,175 @@
+"""Backend for any OpenAI-compatible HTTP server (vLLM, llama.cpp server, TGI, SGLang).
+
+One pooled ``httpx.AsyncClient`` per tier, created once, on aiohttp's transport. Only failures to
+connect are retried (a request the upstream may already be running is never sent twice); read
+timeouts and 5xx become ``UpstreamError`` (the tier may fall back) and 4xx become
+``UpstreamClientError`` (returned to the client as is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+from httpx_aiohttp import AiohttpTransport
+
+from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, Usage
+from backends.tokens import count_prompt_tokens, count_tokens
+from router.config import TierConfig
+
+
+def usage_from(body: dict[str, Any]) -> Usage | None:
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return Usage(prompt, completion, reported=True)
+
+
+def counted_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
+    """Our own count for an upstream that reported none (charged budgets need a number)."""
+    texts: list[str] = []
+    for choice in answer.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+    return Usage(count_prompt_tokens(request), count_tokens("".join(texts)), reported=False)
+
+
+def _error_body(resp: httpx.Response, raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+        if isinstance(body, dict) and "error" in body:
+            return body
+    except orjson.JSONDecodeError:
+        pass
+    text = raw.decode("utf-8", "replace")[:500]
+    return {"error": {"message": text or resp.reason_phrase, "type": "upstream_error"}}
+
+
+ENDPOINTS = ("chat/completions", "completions")
+
+
+def _connect_failed(exc: BaseException) -> bool:
+    """True only when no connection was made, so the upstream cannot have seen the request."""
+    cause = exc.__cause__
+    return isinstance(exc, httpx.ConnectError) or isinstance(cause, aiohttp.ClientConnectorError)
+
+
+def _describe(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc
+    if isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
+        kind = "unreachable"
+    elif isinstance(cause, asyncio.TimeoutError | aiohttp.ServerTimeoutError) or isinstance(
+        exc, httpx.TimeoutException
+    ):
+        kind = "timed out"
+    else:
+        kind = "connection failed"
+    return f"{kind}: {type(cause).__name__}: {cause}"
+
+
+class OpenAIHTTPBackend:
+    def __init__(self, tier: TierConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        assert tier.base_url, "kind 'openai' tiers have a base_url (checked by the config)"
+        self.tier = tier.name
+        self.base_url = tier.base_url.rstrip("/")
+        self.retries = tier.connect_retries
+        headers = {"content-type": "application/json"}
+        if tier.api_key_env and os.environ.get(tier.api_key_env):
+            headers["authorization"] = f"Bearer {os.environ[tier.api_key_env]}"
+        limits = httpx.Limits(
+            max_connections=tier.max_inflight + 8,
+            max_keepalive_connections=tier.max_inflight + 8,
+            keepalive_expiry=30.0,
+        )
+        timeout = httpx.Timeout(tier.timeout_s, connect=tier.connect_timeout_s, pool=tier.timeout_s)
+        self._headers = httpx.Headers(headers)
+        self._urls = {e: httpx.URL(f"{self.base_url}/{e}") for e in ENDPOINTS}
+        self._extensions = {"timeout": timeout.as_dict()}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            # aiohttp under the httpx API: about half the CPU per request of httpx's own
+            # transport, which matters for a proxy (docs/benchmarks.md, "Proxy overhead").
+            transport=transport or AiohttpTransport(limits=limits),
+        )
+
+    async def _send(self, request: httpx.Request, stream: bool) -> httpx.Response:
+        """Send, retrying only when the connection itself failed (never a request the upstream
+        may have started)."""
+        for attempt in range(self.retries + 1):
+            try:
+                return await self._client.send(request, stream=stream)
+            except httpx.HTTPError as exc:
+                if attempt == self.retries or not _connect_failed(exc):
+                    raise UpstreamError(self.tier, _describe(exc)) from exc
+                await asyncio.sleep(0.05 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _request(self, endpoint: str, body: dict[str, Any]) -> httpx.Request:
+        # Built directly from pre-parsed parts: client.build_request re-parses and merges the
+        # base URL on every call, a measurable share of the proxy's CPU per request.
+        url = self._urls.get(endpoint) or httpx.URL(f"{self.base_url}/{endpoint}")
+        return httpx.Request("POST", url, headers=self._headers, content=orjson.dumps(body),
+                             extensions=self._extensions)  # fmt: skip
+
+    async def complete(self, endpoint: str, body: dict[str, Any]) -> UpstreamResponse:
+        resp = await self._send(self._request(endpoint, body), stream=True)
+        try:
+            raw = await resp.aread()
+        except httpx.HTTPError as exc:
+            raise UpstreamError(self.tier, _describe(exc)) from exc
+        finally:
+            await resp.aclose()
+        self._check_status(resp, raw)
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError(self.tier, "answered with invalid JSON", resp.status_code) from exc
+        if not isinstance(answer, dict):
+            raise UpstreamError(self.tier, "answered with a non-object JSON body", resp.status_code)
+        usage = usage_from(answer) or counted_usage(body, answer)
+        return UpstreamResponse(answer, usage)
+
+    def _check_status(self, resp: httpx.Response, raw: bytes) -> None:
+        if resp.status_code >= 500:
+            message = f"answered {resp.status_code}: {raw[:200].decode('utf-8', 'replace')}"
+            raise UpstreamError(self.tier, message, resp.status_code)
+        if resp.status_code >= 400:
+            raise UpstreamClientError(resp.status_code, _error_body(resp, raw))
+
+    async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """Raw SSE bytes as they arrive. Errors before the first byte raise, so callers can fall
+        back; closing this generator (client gone) closes the upstream connection."""
+        resp = await self._send(self._request(endpoint, body), stream=True)
+        try:
+            if resp.status_code >= 400:
+                self._check_status(resp, await resp.aread())
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise UpstreamError(self.tier, _describe(exc)) from exc
+        finally:
+            await resp.aclose()
+
+    async def ready(self) -> tuple[bool, str]:
+        try:
+            resp = await self._client.get("/models", timeout=2.0)
+        except httpx.HTTPError as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        return resp.status_code == 200, f"GET /models answered {resp.status_code}"
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

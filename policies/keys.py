@@ -1,0 +1,216 @@
+"""API keys -> caller identity. Keys are only ever stored as sha256 hex.
+
+Keys come from the config file (`keys:` with `key_sha256`) and from a run-time store (the budget
+store's Redis, or in process) managed with `cost-router keys create|revoke|list`. A run-time record
+for a hash wins over the config entry, which is how a config key gets revoked without a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from policies.budgets import key_id_of
+from router.config import RouterConfig
+
+log = logging.getLogger("cost_router.keys")
+
+KEY_PREFIX = "sk-cr-"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    team: str
+    key_id: str | None = None
+    user: str | None = None
+
+
+class AuthError(Exception):
+    """401: missing, unknown or revoked key. `code` is the OpenAI-style error code."""
+
+    status = 401
+
+    def __init__(self, message: str, code: str = "invalid_api_key") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class KeyStoreUnavailable(Exception):
+    """The run-time key store cannot be reached and the key is not in the config file: 503."""
+
+
+@dataclass(slots=True)
+class KeyRecord:
+    key_sha256: str
+    team: str
+    user: str | None = None
+    name: str | None = None
+    created: float = 0.0
+    revoked: float | None = None  # UNIX seconds of revocation
+    source: str = "runtime"  # runtime | config
+
+    @property
+    def key_id(self) -> str:
+        return key_id_of(self.key_sha256)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> KeyRecord:
+        return cls(**orjson.loads(raw))
+
+
+def hash_key(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode("utf-8")).hexdigest()
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+class KeyStore(Protocol):
+    async def get(self, key_sha256: str) -> KeyRecord | None: ...
+
+    async def put(self, record: KeyRecord) -> None: ...
+
+    async def all(self) -> list[KeyRecord]: ...
+
+
+class InMemoryKeyStore:
+    def __init__(self) -> None:
+        self._records: dict[str, KeyRecord] = {}
+
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        return self._records.get(key_sha256)
+
+    async def put(self, record: KeyRecord) -> None:
+        self._records[record.key_sha256] = record
+
+    async def all(self) -> list[KeyRecord]:
+        return list(self._records.values())
+
+
+class RedisKeyStore:
+    """One Redis hash `<prefix>:keys`: sha256 -> JSON record (a single key, so Cluster-safe)."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self._redis = client
+        self._key = f"{prefix}:keys"
+
+    async def get(self, key_sha256: str) -> KeyRecord | None:
+        raw = await self._redis.hget(self._key, key_sha256)
+        return None if raw is None else KeyRecord.from_json(raw)
+
+    async def put(self, record: KeyRecord) -> None:
+        await self._redis.hset(self._key, record.key_sha256, record.to_json())
+
+    async def all(self) -> list[KeyRecord]:
+        raw = await self._redis.hgetall(self._key)
+        return [KeyRecord.from_json(v) for v in raw.values()]
+
+
+class KeyRing:
+    """Authenticates requests and manages keys (config keys + the run-time store)."""
+
+    def __init__(self, config: RouterConfig, store: KeyStore, cache_s: float = 5.0) -> None:
+        self.required = config.auth.required
+        self.default_team = config.auth.default_team
+        self.store = store
+        self.cache_s = cache_s
+        self._config: dict[str, KeyRecord] = {
+            k.key_sha256: KeyRecord(k.key_sha256, k.team, k.user, k.name, source="config")
+            for k in config.keys
+        }
+        self._cache: dict[str, tuple[KeyRecord | None, float]] = {}
+
+    async def _runtime(self, key_sha256: str) -> KeyRecord | None:
+        hit = self._cache.get(key_sha256)
+        now = time.monotonic()
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        record = await self.store.get(key_sha256)
+        if self.cache_s > 0:
+            if len(self._cache) > 100_000:
+                self._cache.clear()  # bounded: unknown keys must not grow memory forever
+            self._cache[key_sha256] = (record, now + self.cache_s)
+        return record
+
+    async def authenticate(self, authorization: str | None) -> Identity:
+        token = bearer_token(authorization)
+        if token is None:
+            if self.required:
+                raise AuthError(
+                    "Missing API key: send 'Authorization: Bearer <key>'.", "missing_api_key")
+            return Identity(self.default_team)
+        digest = hash_key(token)
+        configured = self._config.get(digest)
+        try:
+            record = await self._runtime(digest)
+        except Exception as exc:  # store down: config keys still work
+            if configured is None and self.required:
+                raise KeyStoreUnavailable(f"key store unreachable: {exc}") from None
+            log.warning("key store unreachable, using config keys only: %s", exc)
+            record = None
+        record = record or configured
+        if record is None:
+            if self.required:
+                raise AuthError("Incorrect API key provided.")
+            return Identity(self.default_team)
+        if record.revoked is not None:
+            raise AuthError("This API key has been revoked.", "revoked_api_key")
+        return Identity(record.team, record.key_id, record.user)
+
+    async def create(
+        self, team: str, user: str | None = None, name: str | None = None
+    ) -> tuple[str, KeyRecord]:
+        """Returns the raw key (shown once, never stored) and its record."""
+        raw = generate_key()
+        record = KeyRecord(hash_key(raw), team, user, name, created=time.time())
+        await self.store.put(record)
+        return raw, record
+
+    async def find(self, key_id: str) -> KeyRecord:
+        """By key id (hash prefix, at least 8 hex digits) or full sha256."""
+        key_id = key_id.lower()
+        if len(key_id) < 8:
+            raise KeyError("give at least 8 hex digits of the key id")
+        matches = {r.key_sha256: r for r in await self.list() if r.key_sha256.startswith(key_id)}
+        if len(matches) != 1:
+            raise KeyError(f"{len(matches)} keys match {key_id!r}")
+        return next(iter(matches.values()))
+
+    async def revoke(self, key_id: str) -> KeyRecord:
+        record = await self.find(key_id)
+        record.revoked = time.time()
+        await self.store.put(record)
+        self._cache.pop(record.key_sha256, None)
+        return record
+
+    async def list(self) -> list[KeyRecord]:
+        merged = dict(self._config)
+        merged.update({r.key_sha256: r for r in await self.store.all()})
+        return sorted(merged.values(), key=lambda r: (r.team, r.created, r.key_sha256))
+
+
+def create_keyring(config: RouterConfig, budget_store: object) -> KeyRing:
+    """Run-time keys live next to the budgets: in Redis when the budget store is Redis."""
+    client = getattr(budget_store, "redis", None)
+    store: KeyStore = (RedisKeyStore(client, config.budgets.key_prefix) if client is not None
+                       else InMemoryKeyStore())
+    return KeyRing(config, store, config.budgets.key_cache_s)

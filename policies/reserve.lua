@@ -1,0 +1,57 @@
+-- Atomic check-and-reserve of a request's worst-case cost for every scope (team, key).
+-- KEYS: 1 spend HASH (scope|period -> nanos), 2 reserved HASH, 3 res HASH, 4 lease ZSET,
+--       5 limits HASH (operator overrides: scope -> "nanos|period|rpm|tpm"),
+--       6 rate HASH of the current minute (scope|r, scope|t), 7 done marker of this request.
+-- ARGV: 1 request id, 2 amount nanos, 3 tokens, 4 lease ms, 5 seconds to the next minute,
+--       6..11 daily id, daily reset s, monthly id, monthly reset s, total id, total reset s,
+--       12 number of scopes, then per scope: scope name, configured limit "nanos|period|rpm|tpm".
+-- Returns {'ok', lease expiry ms, then per scope: name, period id, limit, spent, reserved before}
+--      or {'exceeded', scope, reason, retry seconds} | {'held', record} | {'settled'}.
+local now = now_ms()
+reclaim(KEYS[2], KEYS[3], KEYS[4], now, 64)
+
+local rid = ARGV[1]
+local held = redis.call('HGET', KEYS[3], rid)
+if held then return {'held', held} end
+if redis.call('EXISTS', KEYS[7]) == 1 then return {'settled'} end
+
+local amount = tonumber(ARGV[2])
+local tokens = tonumber(ARGV[3])
+local windows = {
+  daily = {ARGV[6], ARGV[7]}, monthly = {ARGV[8], ARGV[9]}, total = {ARGV[10], ARGV[11]},
+}
+local plan = {}
+for i = 0, tonumber(ARGV[12]) - 1 do
+  local scope = ARGV[13 + 2 * i]
+  local enc = redis.call('HGET', KEYS[5], scope) or ARGV[14 + 2 * i]
+  local lim, period, rpm, tpm = string.match(enc, '^(-?%d+)|(%a+)|(-?%d+)|(-?%d+)$')
+  local win = windows[period]
+  if tonumber(rpm) >= 0 then
+    local used = tonumber(redis.call('HGET', KEYS[6], scope .. '|r') or '0')
+    if used + 1 > tonumber(rpm) then return {'exceeded', scope, 'rpm', ARGV[5]} end
+  end
+  if tonumber(tpm) >= 0 then
+    local used = tonumber(redis.call('HGET', KEYS[6], scope .. '|t') or '0')
+    if used + tokens > tonumber(tpm) then return {'exceeded', scope, 'tpm', ARGV[5]} end
+  end
+  local spent = redis.call('HGET', KEYS[1], scope .. '|' .. win[1]) or '0'
+  local reserved = redis.call('HGET', KEYS[2], scope) or '0'
+  if tonumber(lim) >= 0 and tonumber(spent) + tonumber(reserved) + amount > tonumber(lim) then
+    return {'exceeded', scope, 'budget', win[2]}
+  end
+  plan[#plan + 1] = {scope, win[1], lim, spent, reserved}
+end
+
+local periods = {}
+local out = {'ok', string.format('%d', now + tonumber(ARGV[4]))}
+for _, e in ipairs(plan) do
+  redis.call('HINCRBY', KEYS[2], e[1], ARGV[2])
+  redis.call('HINCRBY', KEYS[6], e[1] .. '|r', 1)
+  redis.call('HINCRBY', KEYS[6], e[1] .. '|t', ARGV[3])
+  periods[e[1]] = e[2]
+  for _, v in ipairs(e) do out[#out + 1] = v end
+end
+redis.call('EXPIRE', KEYS[6], 120)
+redis.call('HSET', KEYS[3], rid, cjson.encode({a = ARGV[2], t = ARGV[3], p = periods, m = KEYS[6]}))
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), rid)
+return out

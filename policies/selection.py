@@ -1,0 +1,101 @@
+"""Which policy (or experiment arm) serves a request.
+
+Order, first match wins:
+1. `model` names a tier (or a tier's upstream model): explicit passthrough, no policy.
+2. `model: "router:<name>"`: that policy (unknown name -> UnknownPolicyError, a 404).
+3. An active experiment that covers the request's unit: the assigned arm's policy.
+4. The API key's policy, 5. the team's policy, 6. `default_policy`.
+
+Any other `model` (e.g. "auto" or a hosted model name a drop-in client hard-codes) is routed.
+A selector is immutable; hot reload swaps in a new one (router/reload.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policies.base import Policy
+from policies.budgets import key_id_of
+from policies.experiments import ExperimentSet, UnitContext
+from policies.registry import build_policies
+from router.config import RouterConfig
+
+ROUTER_PREFIX = "router:"
+
+
+class UnknownPolicyError(LookupError):
+    """`model: "router:<name>"` names no configured policy."""
+
+    status = 404
+    code = "model_not_found"
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown routing policy {name!r}; known: {', '.join(sorted(known))}")
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    policy: Policy | None  # None: passthrough to `tier`
+    source: str  # passthrough | request | experiment | key | team | default
+    tier: str | None = None
+    experiment: str | None = None
+    arm: str | None = None
+
+    @property
+    def policy_name(self) -> str | None:
+        return self.policy.name if self.policy is not None else None
+
+
+class PolicySelector:
+    def __init__(self, config: RouterConfig, policies: Mapping[str, Policy]) -> None:
+        self.config = config
+        self.policies = dict(policies)
+        self.experiments = ExperimentSet(config.experiments)
+        self._passthrough = {t.name: t.name for t in config.tiers}
+        for t in config.tiers:
+            # A tier name wins over another tier's upstream model name.
+            self._passthrough.setdefault(t.model, t.name)
+        self._key_policy = {key_id_of(k.key_sha256): k.policy for k in config.keys if k.policy}
+        self._team_policy = {n: t.policy for n, t in config.teams.items() if t.policy}
+
+    @classmethod
+    def from_config(cls, config: RouterConfig) -> PolicySelector:
+        return cls(config, build_policies(config))
+
+    def policy(self, name: str) -> Policy:
+        try:
+            return self.policies[name]
+        except KeyError:
+            raise UnknownPolicyError(name, list(self.policies)) from None
+
+    def select(
+        self,
+        model: str | None,
+        *,
+        team: str | None = None,
+        key_id: str | None = None,
+        user: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        now: float | None = None,
+    ) -> Selection:
+        """key_id: the key's public id (Identity.key_id); user: the request body's `user` field;
+        headers: lower-case names (Starlette's Headers are case-insensitive already)."""
+        if model is not None:
+            tier = self._passthrough.get(model)
+            if tier is not None:
+                return Selection(None, "passthrough", tier=tier)
+            if model.startswith(ROUTER_PREFIX):
+                return Selection(self.policy(model[len(ROUTER_PREFIX) :]), "request")
+        units = UnitContext(team=team, key=key_id, user=user, headers=headers)
+        assigned = self.experiments.assign(units, time.time() if now is None else now)
+        if assigned is not None:
+            return Selection(self.policy(assigned.policy), "experiment",
+                             experiment=assigned.experiment, arm=assigned.arm)
+        if key_id is not None and key_id in self._key_policy:
+            return Selection(self.policy(self._key_policy[key_id]), "key")
+        if team is not None and team in self._team_policy:
+            return Selection(self.policy(self._team_policy[team]), "team")
+        return Selection(self.policy(self.config.default_policy), "default")

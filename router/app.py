@@ -1,0 +1,240 @@
+"""FastAPI factory: ``create_app(config)`` -> the OpenAI-compatible routing proxy.
+
+Routes read ``request.app.state.router`` (a RouterState) once per request; ``swap_state`` replaces
+it atomically for hot reload. Bodies are read and validated by the request path itself (not by
+FastAPI parameters) so that oversized bodies, invalid UTF-8 and bad JSON get their own clear
+errors and the forwarded body is the client's own dict, validated once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from backends.registry import build_backends, close_backends
+from policies.budget_metrics import BudgetGauges
+from policies.budgets import BudgetStore, InMemoryBudgetStore
+from policies.keys import InMemoryKeyStore, KeyRing, KeyStore
+from policies.selection import PolicySelector
+from router.budget_api import budget_router
+from router.budget_gate import BudgetGate
+from router.config import RouterConfig
+from router.errors import install_error_handlers, json_response
+from router.feedback import FeedbackService
+from router.feedback import router as feedback_router
+from router.metrics import RouterMetrics
+from router.reload import ConfigReloader
+from router.request_path import handle
+from router.state import RouterState, Scorer, TierLimiter
+from router.trace_sink import TraceSink
+
+log = logging.getLogger(__name__)
+
+VIRTUAL_MODELS = ("auto",)
+
+
+def load_scorer(config: RouterConfig) -> Scorer:
+    from classifiers.inference import DifficultyScorer
+
+    return DifficultyScorer.load(config.classifier.model_path)
+
+
+def build_budget_store(config: RouterConfig) -> tuple[BudgetStore, KeyStore]:
+    b = config.budgets
+    if b.store == "redis":
+        # Imported lazily: the embedded default runs without Redis.
+        from policies.redis_budgets import build_redis_stores
+
+        return build_redis_stores(config)
+    return InMemoryBudgetStore(b.lease_s, b.timezone), InMemoryKeyStore()
+
+
+def build_state(
+    config: RouterConfig,
+    *,
+    scorer: Scorer | None = None,
+    metrics: RouterMetrics | None = None,
+    budget_store: BudgetStore | None = None,
+    key_store: KeyStore | None = None,
+) -> RouterState:
+    metrics = metrics or RouterMetrics()
+    if budget_store is None or key_store is None:
+        built_budgets, built_keys = build_budget_store(config)
+        budget_store, key_store = budget_store or built_budgets, key_store or built_keys
+    traces = feedback = None
+    if config.traces.path:
+        traces = TraceSink(config.traces.path, config.traces.max_bytes, config.traces.backups)
+        feedback = FeedbackService(config.traces.path, config.traces.backups)
+    return RouterState(
+        config=config,
+        selector=PolicySelector.from_config(config),
+        scorer=scorer or load_scorer(config),
+        backends=build_backends(config),
+        limiters={
+            t.name: TierLimiter(t.name, t.max_inflight, t.queue_timeout_s, metrics)
+            for t in config.tiers
+        },
+        keys=KeyRing(config, key_store, config.budgets.key_cache_s),
+        budgets=BudgetGate(budget_store, config, BudgetGauges(metrics.registry)),
+        metrics=metrics,
+        traces=traces,
+        feedback=feedback,
+        signals=_signals(config, metrics),
+    )
+
+
+def _signals(config: RouterConfig, metrics: RouterMetrics) -> Any:
+    from backends.signals import SignalsPoller, endpoints_from_config
+    from backends.signals_metrics import register_signals
+
+    # Polled: tiers with a metrics_url or a launch profile (see endpoints_from_config).
+    if not config.signals.enabled or not endpoints_from_config(config):
+        return None
+    poller = SignalsPoller.from_config(config)
+    register_signals(poller, metrics.registry)  # per-tier gauges in the router's /metrics
+    return poller
+
+
+async def start_state(state: RouterState) -> None:
+    await state.budgets.store.start()
+    if state.signals is not None:
+        state.signals.start()
+
+
+async def stop_state(state: RouterState) -> None:
+    """After the server stopped taking requests: finish settles/traces, then close everything."""
+    await state.drain()
+    if state.signals is not None:
+        await state.signals.stop()
+    await close_backends(state.backends)
+    await state.budgets.store.aclose()
+    if state.traces is not None:
+        state.traces.close()
+
+
+def swap_state(app: FastAPI, new: RouterState) -> RouterState:
+    """Install a new state for subsequent requests; returns the old one (caller closes it
+    once its in-flight requests are done)."""
+    old: RouterState = app.state.router
+    app.state.router = new
+    return old
+
+
+def apply_routing(app: FastAPI, selector: PolicySelector, config: RouterConfig) -> None:
+    """Hot reload of routing (router/reload.py's `apply`): same backends, limiters and stores,
+    new policies/experiments/teams/keys. In-flight requests keep the state they started with."""
+    old: RouterState = app.state.router
+    swap_state(
+        app,
+        replace(
+            old,
+            config=config,
+            selector=selector,
+            keys=KeyRing(config, old.keys.store, config.budgets.key_cache_s),
+            budgets=BudgetGate(old.budgets.store, config, old.budgets.gauges),
+            pending=old.pending,
+        ),
+    )
+
+
+def create_app(
+    config: RouterConfig, config_path: str | Path | None = None, **state_kwargs: Any
+) -> FastAPI:
+    """state_kwargs go to build_state (e.g. a preloaded scorer or a shared budget store).
+    config_path: the file `config` came from; its routing part hot-reloads on change or SIGHUP."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = build_state(config, **state_kwargs)
+        app.state.router = state
+        await start_state(state)
+        reloader = _start_reloader(app, config_path)
+        try:
+            yield
+        finally:
+            if reloader is not None:
+                await reloader.stop()
+            await stop_state(app.state.router)
+
+    app = FastAPI(title="cost-router", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    _add_routes(app)
+    return app
+
+
+def _start_reloader(app: FastAPI, config_path: str | Path | None) -> ConfigReloader | None:
+    if config_path is None:
+        return None
+    reloader = ConfigReloader(
+        config_path,
+        current=lambda: app.state.router.config,
+        apply=lambda selector, cfg: apply_routing(app, selector, cfg),
+    )
+    reloader.start()
+    return reloader
+
+
+def _add_routes(app: FastAPI) -> None:
+    app.include_router(budget_router)
+    app.include_router(feedback_router)
+
+    @app.post("/v1/chat/completions", tags=["openai"])
+    async def chat_completions(request: Request) -> Response:
+        return await handle(request.app.state.router, request, "chat/completions")
+
+    @app.post("/v1/completions", tags=["openai"])
+    async def completions(request: Request) -> Response:
+        return await handle(request.app.state.router, request, "completions")
+
+    @app.get("/v1/models", tags=["openai"])
+    async def models(request: Request) -> Response:
+        state: RouterState = request.app.state.router
+        return json_response(200, {"object": "list", "data": model_list(state)})
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> Response:
+        return json_response(200, {"status": "ok"})
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz(request: Request) -> Response:
+        state: RouterState = request.app.state.router
+        checks = await readiness(state)
+        ok = all(c["ok"] for c in checks.values())
+        return json_response(200 if ok else 503, {"ready": ok, "checks": checks})
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics(request: Request) -> Response:
+        await request.app.state.router.budgets.refresh_gauges()
+        body, content_type = request.app.state.router.metrics.render()
+        return Response(body, media_type=content_type)
+
+
+def model_list(state: RouterState) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    for name in (*VIRTUAL_MODELS, *(f"router:{p}" for p in state.selector.policies)):
+        entries.append({"id": name, "object": "model", "owned_by": "cost-router"})
+    for tier in state.config.tiers:
+        entries.append({"id": tier.name, "object": "model", "owned_by": "cost-router",
+                        "upstream_model": tier.model})  # fmt: skip
+    return entries
+
+
+async def readiness(state: RouterState) -> dict[str, dict[str, Any]]:
+    names = list(state.backends)
+    results = await asyncio.gather(*(state.backends[n].ready() for n in names))
+    checks = {f"tier:{n}": {"ok": ok, "detail": detail} for n, (ok, detail) in zip(names, results,
+                                                                                    strict=True)}
+    try:
+        store_ok = await state.budgets.store.ping()
+        checks["budgets"] = {"ok": store_ok, "detail": state.budgets.store.kind}
+    except Exception as exc:  # noqa: BLE001 - a readiness probe reports, never raises
+        checks["budgets"] = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+    return checks

@@ -1,0 +1,62 @@
+"""Prometheus metrics of the proxy, on a registry per app (tests build many apps in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# Classifier runs in well under a millisecond; upstream calls take from milliseconds to minutes.
+CLASSIFIER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "cost_router_requests", "Requests answered, by tier, policy and HTTP status",
+            ["tier", "policy", "status"], registry=r,
+        )
+        self.classifier_seconds = Histogram(
+            "cost_router_classifier_seconds", "Time to score one request",
+            buckets=CLASSIFIER_BUCKETS, registry=r,
+        )
+        self.upstream_seconds = Histogram(
+            "cost_router_upstream_seconds", "Upstream latency (to the full answer / first byte)",
+            ["tier", "stream"], buckets=UPSTREAM_BUCKETS, registry=r,
+        )
+        self.errors = Counter(
+            "cost_router_errors", "Requests that ended in an error, by error code",
+            ["code"], registry=r,
+        )
+        self.cost_usd = Counter(
+            "cost_router_cost_usd", "Cost charged, USD", ["tier", "team"], registry=r
+        )
+        self.tokens = Counter(
+            "cost_router_tokens", "Tokens, by tier and kind", ["tier", "kind"], registry=r
+        )
+        self.fallbacks = Counter(
+            "cost_router_fallbacks", "Requests moved to another tier", ["from_tier", "to_tier"],
+            registry=r,
+        )
+        self.experiment_requests = Counter(
+            "cost_router_experiment_requests", "Requests in an A/B experiment, by arm",
+            ["experiment", "arm", "tier", "status"], registry=r,
+        )
+        self.experiment_cost_usd = Counter(
+            "cost_router_experiment_cost_usd", "Cost charged in an A/B experiment, USD, by arm",
+            ["experiment", "arm"], registry=r,
+        )
+        self.inflight = Gauge(
+            "cost_router_inflight", "Upstream requests in flight", ["tier"], registry=r
+        )  # fmt: skip
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

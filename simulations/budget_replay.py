@@ -1,0 +1,155 @@
+"""Budgets over time: replay arrivals in order, charging each team's budget per period.
+
+For every request: the team's policy decides (seeing the team's BudgetView, as in the proxy);
+if the chosen tier's cost does not fit the remaining budget, the request is downgraded to the
+cheapest tier when that fits (budgets.downgrade) and refused otherwise. The simulator charges the
+actual cost; the proxy reserves the worst case first, so it may refuse slightly earlier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+import numpy as np
+
+from policies.base import BudgetView, Policy, RoutingContext
+from policies.budget_pacing import BudgetPacingPolicy
+from policies.budgets import period_window
+from policies.registry import build_policies
+from policies.threshold import ThresholdPolicy
+from router.config import RouterConfig
+from simulations.replay import ReplayError, TierPrices
+from simulations.trace import LARGE, SMALL, ReplayTrace
+
+
+@dataclass
+class TeamTally:
+    team: str
+    limit_usd: float | None
+    period: str | None
+    requests: int = 0
+    served_large: int = 0
+    downgraded: int = 0
+    refused: int = 0
+    spent_usd: float = 0.0  # over the whole trace (all periods)
+    first_downgrade: float | None = None
+    exhausted_at: float | None = None  # first refusal: the budget could not pay even small
+    quality_sum: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        served = self.requests - self.refused
+        return {
+            "team": self.team,
+            "limit_usd": self.limit_usd,
+            "period": self.period,
+            "requests": self.requests,
+            "served": served,
+            "large": self.served_large,
+            "downgraded": self.downgraded,
+            "refused": self.refused,
+            "spent_usd": self.spent_usd,
+            "first_downgrade": self.first_downgrade,
+            "exhausted_at": self.exhausted_at,
+            "quality_served": self.quality_sum / served if served else None,
+        }
+
+
+def _team_policy(
+    config: RouterConfig, policies: dict[str, Policy], team: str, override: str | None
+) -> Policy:
+    name = override or (config.teams[team].policy if team in config.teams else None)
+    name = name or config.default_policy
+    if name not in policies:
+        raise ReplayError(f"unknown policy {name!r} for team {team!r}")
+    return policies[name]
+
+
+def paced(policy: Policy, max_threshold: float = 1.0, slack: float = 0.2) -> BudgetPacingPolicy:
+    """budget_pacing with the policy's own tiers and base threshold (what pacing would change)."""
+    if isinstance(policy, BudgetPacingPolicy):
+        return policy
+    if not isinstance(policy, ThresholdPolicy):
+        raise ReplayError(f"policy {policy.name!r} has no threshold to pace")
+    top = max(max_threshold, policy.threshold)
+    return BudgetPacingPolicy(
+        f"{policy.name}+pacing", policy.small, policy.large, policy.threshold, top, slack
+    )
+
+
+class _Ledger:
+    """Spend per (team, period) while the trace is replayed in arrival order."""
+
+    def __init__(self, config: RouterConfig, trace: ReplayTrace, prices: TierPrices) -> None:
+        self.zone = ZoneInfo(config.budgets.timezone)
+        self.downgrade = config.budgets.downgrade
+        self.prices = prices
+        self.cheapest = prices.role_tier(SMALL)
+        self.cost = [
+            prices.cost(np.full(len(trace), k), trace.prompt_tokens, trace.completion_tokens)
+            for k in range(len(prices.names))
+        ]
+        self.spent: dict[tuple[str, str], float] = {}
+
+    def view(self, tally: TeamTally, now: float) -> tuple[BudgetView, str]:
+        window = period_window(tally.period or "total", now, self.zone)
+        used = self.spent.get((tally.team, window.id), 0.0)
+        return BudgetView(tally.limit_usd, used, 0.0, window.elapsed_fraction(now)), window.id
+
+    def charge(
+        self, tally: TeamTally, view: BudgetView, period: str, k: int, i: int, now: float
+    ) -> int | None:
+        """Serve request i on tier k, downgrade it, or refuse it (None); returns the tier."""
+        cost = self.cost[k][i]
+        limit = tally.limit_usd
+        if limit is not None and view.spent_usd + cost > limit + 1e-12:
+            small = self.cost[self.cheapest][i]
+            if not (self.downgrade and k != self.cheapest and view.spent_usd + small <= limit):
+                tally.refused += 1
+                tally.exhausted_at = tally.exhausted_at or now
+                return None
+            k, cost = self.cheapest, small
+            tally.downgraded += 1
+            tally.first_downgrade = tally.first_downgrade or now
+        self.spent[(tally.team, period)] = view.spent_usd + cost
+        tally.spent_usd += cost
+        return k
+
+
+def budget_replay(
+    config: RouterConfig,
+    trace: ReplayTrace,
+    scores: np.ndarray,
+    policy: str | None = None,
+    pacing: tuple[float, float] | None = None,
+) -> dict[str, TeamTally]:
+    """Per-team tallies. pacing=(max_threshold, slack) wraps every team's policy in
+    budget_pacing with its own base threshold."""
+    times = trace.require_times()
+    teams = trace.require_teams()
+    prices = TierPrices.from_config(config)
+    policies = build_policies(config)
+    ledger = _Ledger(config, trace, prices)
+    quality_idx = np.where(prices.role >= 0, prices.role, 0)
+    tallies: dict[str, TeamTally] = {}
+    chosen: dict[str, Policy] = {}
+    for i in range(len(trace)):
+        team, now = str(teams[i]), float(times[i])
+        if team not in tallies:
+            limit = config.teams[team].budget if team in config.teams else None
+            tallies[team] = TeamTally(
+                team, limit.limit_usd if limit else None, limit.period if limit else None
+            )
+            pol = _team_policy(config, policies, team, policy)
+            chosen[team] = paced(pol, *pacing) if pacing else pol
+        tally = tallies[team]
+        tally.requests += 1
+        view, period = ledger.view(tally, now)
+        ctx = RoutingContext(score=float(scores[i]), team=team, budget=view, now=now, unit=str(i))
+        k = ledger.charge(tally, view, period, prices.index(chosen[team].decide(ctx).tier), i, now)
+        if k is None:
+            continue
+        tally.served_large += int(prices.role[k] == LARGE)
+        q = trace.quality[i, quality_idx[k]]
+        tally.quality_sum += 0.0 if np.isnan(q) else float(q)
+    return tallies

@@ -1,0 +1,214 @@
+"""Replay a trace through the real classifier and a configured policy: tier, cost, quality.
+
+Scores come from classifiers.inference (batch ONNX, the same model and text the proxy uses);
+decisions from policies.registry.build_policies + the policy's decide_batch. Cost is the tier's
+price x the request's token counts; quality is the chosen tier's recorded outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.base import Policy
+from policies.budget_pacing import BudgetPacingPolicy
+from policies.registry import build_policies, tiers_by_price
+from policies.threshold import ThresholdPolicy
+from router.config import RouterConfig, TierConfig
+from simulations.sweep import SweepInputs
+from simulations.trace import LARGE, SMALL, ReplayTrace, TraceError
+
+
+class ReplayError(ValueError):
+    """A config/trace combination the simulator cannot replay; the message says which part."""
+
+
+def score_texts(texts: Sequence[str], model_path: str | None) -> np.ndarray:
+    """Classifier scores (float64) for texts; each distinct text is scored once."""
+    from classifiers.inference import DifficultyScorer
+
+    unique = list(dict.fromkeys(texts))
+    scorer = DifficultyScorer.load(model_path)
+    by_text = dict(zip(unique, scorer.score_texts(unique).tolist(), strict=True))
+    return np.fromiter((by_text[t] for t in texts), dtype=np.float64, count=len(texts))
+
+
+def trace_scores(
+    trace: ReplayTrace, config: RouterConfig, use_recorded: bool = False
+) -> np.ndarray:
+    """Scores for every request: re-scored with the configured model, or the trace's own."""
+    if use_recorded:
+        if trace.scores is None:
+            raise TraceError(
+                f"{trace.record(0)}: no recorded 'score' column (recorded scores are read from "
+                "Parquet traces; JSONL and CSV traces are re-scored)"
+            )
+        if np.isnan(trace.scores).any():
+            i = int(np.flatnonzero(np.isnan(trace.scores))[0])
+            raise TraceError(f"{trace.record(i)}: missing field 'score'")
+        return trace.scores
+    return score_texts(trace.texts, config.classifier.model_path)
+
+
+@dataclass(frozen=True)
+class TierPrices:
+    """Tier names in config order, their prices, and which outcome role each tier has."""
+
+    names: list[str]
+    input_per_mtok: np.ndarray
+    output_per_mtok: np.ndarray
+    role: np.ndarray  # SMALL for the cheapest tier, LARGE for the priciest, -1 for others
+
+    @classmethod
+    def from_config(cls, config: RouterConfig) -> TierPrices:
+        order = tiers_by_price(config)
+        role = {order[0]: SMALL, order[-1]: LARGE} if len(order) > 1 else {order[0]: SMALL}
+        tiers: list[TierConfig] = list(config.tiers)
+        return cls(
+            names=[t.name for t in tiers],
+            input_per_mtok=np.asarray([t.price.input_per_mtok for t in tiers]),
+            output_per_mtok=np.asarray([t.price.output_per_mtok for t in tiers]),
+            role=np.asarray([role.get(t.name, -1) for t in tiers]),
+        )
+
+    def index(self, tier: str) -> int:
+        try:
+            return self.names.index(tier)
+        except ValueError:
+            raise ReplayError(
+                f"tier {tier!r} has no price: it is not in the config's tiers"
+            ) from None
+
+    def cost(
+        self, tier_idx: np.ndarray, prompt_tokens: np.ndarray, completion_tokens: np.ndarray
+    ) -> np.ndarray:
+        """USD per request when request i is served by tier tier_idx[i].
+
+        completion_tokens is (n, 2), per outcome role; a tier uses its own role's count."""
+        role = np.maximum(self.role[tier_idx], 0)
+        completion = completion_tokens[np.arange(tier_idx.shape[0]), role]
+        return (
+            prompt_tokens * self.input_per_mtok[tier_idx]
+            + completion * self.output_per_mtok[tier_idx]
+        ) / 1e6
+
+    def role_tier(self, role: int) -> int:
+        """Config index of the tier that has this outcome role."""
+        return int(np.flatnonzero(self.role == role)[0])
+
+
+def role_costs(
+    prices: TierPrices, prompt_tokens: np.ndarray, completion_tokens: np.ndarray
+) -> np.ndarray:
+    """(n, 2) cost per request if served by the small-role / the large-role tier."""
+    n = prompt_tokens.shape[0]
+    return np.stack(
+        [
+            prices.cost(np.full(n, prices.role_tier(r)), prompt_tokens, completion_tokens)
+            for r in (SMALL, LARGE)
+        ],
+        axis=1,
+    )
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    policy: str
+    tiers: list[str]  # config order
+    tier_idx: np.ndarray  # per request, into `tiers`
+    cost_usd: np.ndarray
+    quality: np.ndarray  # NaN where the chosen tier's outcome is unknown
+    scores: np.ndarray
+
+    def summary(self) -> dict[str, object]:
+        n = self.tier_idx.shape[0]
+        counts = np.bincount(self.tier_idx, minlength=len(self.tiers))
+        known = ~np.isnan(self.quality)
+        return {
+            "policy": self.policy,
+            "requests": int(n),
+            "share": {t: float(c / n) for t, c in zip(self.tiers, counts, strict=True)},
+            "cost_usd": float(self.cost_usd.sum()),
+            "cost_per_1k": float(self.cost_usd.mean() * 1000),
+            "quality": float(self.quality[known].mean()) if known.any() else None,
+            "quality_known": int(known.sum()),
+        }
+
+
+def pick_policy(config: RouterConfig, name: str | None) -> Policy:
+    policies = build_policies(config)
+    key = name or config.default_policy
+    if key not in policies:
+        raise ReplayError(f"unknown policy {key!r} (configured: {', '.join(sorted(policies))})")
+    return policies[key]
+
+
+def decide(
+    policy: Policy, scores: np.ndarray, prices: TierPrices, record: Callable[[int], str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Config-order tier index and outcome role per request, from the policy's decide_batch."""
+    local = np.asarray(policy.decide_batch(scores), dtype=np.int64)
+    to_config = np.asarray([prices.index(t) for t in policy.tiers()], dtype=np.int64)
+    tier_idx = to_config[local]
+    role = prices.role[tier_idx]
+    if (role < 0).any():
+        i = int(np.flatnonzero(role < 0)[0])
+        raise ReplayError(
+            f"{record(i)}: policy {policy.name!r} chose tier {prices.names[tier_idx[i]]!r}, "
+            "but the trace has outcomes only for the cheapest and the priciest tier"
+        )
+    return tier_idx, role
+
+
+def replay(
+    config: RouterConfig, trace: ReplayTrace, scores: np.ndarray, policy_name: str | None = None
+) -> ReplayResult:
+    policy = pick_policy(config, policy_name)
+    prices = TierPrices.from_config(config)
+    tier_idx, role = decide(policy, scores, prices, trace.record)
+    rows = np.arange(len(trace))
+    return ReplayResult(
+        policy=policy.name,
+        tiers=prices.names,
+        tier_idx=tier_idx,
+        cost_usd=prices.cost(tier_idx, trace.prompt_tokens, trace.completion_tokens),
+        quality=trace.quality[rows, role],
+        scores=scores,
+    )
+
+
+def two_tier_policy(config: RouterConfig, name: str | None) -> Policy:
+    """The named policy, which must route by one `threshold` between two tiers."""
+    policy = pick_policy(config, name)
+    if not isinstance(policy, ThresholdPolicy | BudgetPacingPolicy):
+        raise ReplayError(
+            f"policy {policy.name!r} has no single threshold to sweep "
+            "(use a 'threshold' or 'budget_pacing' policy)"
+        )
+    return policy
+
+
+def sweep_inputs(
+    config: RouterConfig, trace: ReplayTrace, scores: np.ndarray, policy: Policy
+) -> SweepInputs:
+    """Per-request quality and cost of the policy's small and large tier, for the sweep."""
+    prices = TierPrices.from_config(config)
+    small, large = policy.tiers()
+    for tier, want in ((small, SMALL), (large, LARGE)):
+        if prices.role[prices.index(tier)] != want:
+            raise ReplayError(
+                f"policy {policy.name!r}: tier {tier!r} is not the config's "
+                f"{'cheapest' if want == SMALL else 'priciest'} tier, which the trace's "
+                f"{'small' if want == SMALL else 'large'} outcomes describe"
+            )
+    quality = trace.require_quality()
+    cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens)
+    return SweepInputs(
+        scores=np.asarray(scores, dtype=np.float64),
+        quality_small=quality[:, SMALL],
+        quality_large=quality[:, LARGE],
+        cost_small=cost[:, SMALL],
+        cost_large=cost[:, LARGE],
+    )

@@ -1,0 +1,160 @@
+"""`what-if`: the same trace under each lever alone, then combined.
+
+Levers: routing (the configured threshold policy), speculative decoding on the large tier
+(decode speed-up from acceptance rate and draft length, output unchanged), and a quantized or
+distilled small tier (faster by a speed factor, quality scaled by a quality factor). Baselines are
+all-large and all-small. Each scenario reports cost, quality and p50/p95 end-to-end latency from
+the queueing simulation over the trace's arrival times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from router.config import RouterConfig
+from simulations.latency import (
+    LatencyResult,
+    TierLatency,
+    simulate,
+    spec_speedup,
+    with_speculative,
+    with_speed_factor,
+)
+from simulations.replay import TierPrices, replay, role_costs
+from simulations.trace import LARGE, SMALL, ReplayTrace
+
+
+@dataclass(frozen=True, slots=True)
+class Levers:
+    small: TierLatency
+    large: TierLatency
+    spec_acceptance: float = 0.7
+    spec_k: int = 5
+    draft_cost: float = 0.0  # n-gram / prompt-lookup drafting costs ~nothing
+    quant_speed: float = 1.6
+    quant_quality: float = 0.98
+    quant_cost: float = 1.0  # price multiplier of the quantized small tier
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    lever: str  # baseline | alone | combined
+    tier_role: np.ndarray  # SMALL/LARGE per request
+    quant: bool
+    spec: bool
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    name: str
+    lever: str
+    cost_per_1k: float
+    quality: float
+    large_share: float
+    latency: LatencyResult
+
+    @property
+    def max_utilization(self) -> float:
+        return max(self.latency.utilization, default=0.0)
+
+    def row(self) -> dict[str, object]:
+        return {
+            "scenario": self.name,
+            "lever": self.lever,
+            "cost_per_1k": self.cost_per_1k,
+            "quality": self.quality,
+            "large_share": self.large_share,
+            "max_utilization": self.max_utilization,
+            **self.latency.percentiles(),
+        }
+
+
+def scenarios(routed_role: np.ndarray) -> list[Scenario]:
+    n = routed_role.shape[0]
+    large = np.full(n, LARGE)
+    small = np.full(n, SMALL)
+    return [
+        Scenario("all-large", "baseline", large, False, False),
+        Scenario("all-small", "baseline", small, False, False),
+        Scenario("all-large + spec decoding", "alone", large, False, True),
+        Scenario("all-small quantized", "alone", small, True, False),
+        Scenario("routed", "alone", routed_role, False, False),
+        Scenario("routed + quantized small", "combined", routed_role, True, False),
+        Scenario("routed + spec decoding on large", "combined", routed_role, False, True),
+        Scenario("routed + quantized small + spec", "combined", routed_role, True, True),
+    ]
+
+
+def run_scenario(
+    s: Scenario,
+    trace: ReplayTrace,
+    arrivals: np.ndarray,
+    levers: Levers,
+    role_cost: np.ndarray,
+) -> ScenarioResult:
+    rows = np.arange(len(trace))
+    small = with_speed_factor(levers.small, levers.quant_speed) if s.quant else levers.small
+    large = (
+        with_speculative(levers.large, levers.spec_acceptance, levers.spec_k, levers.draft_cost)
+        if s.spec
+        else levers.large
+    )
+    quality = trace.quality[rows, s.tier_role].copy()
+    cost = role_cost[rows, s.tier_role].copy()
+    if s.quant:
+        quality[s.tier_role == SMALL] *= levers.quant_quality
+        cost[s.tier_role == SMALL] *= levers.quant_cost
+    completion = trace.completion_tokens[rows, s.tier_role]
+    lat = simulate(arrivals, s.tier_role, trace.prompt_tokens, completion, [small, large])
+    return ScenarioResult(
+        name=s.name,
+        lever=s.lever,
+        cost_per_1k=float(cost.mean() * 1000),
+        quality=float(np.nanmean(quality)),
+        large_share=float((s.tier_role == LARGE).mean()),
+        latency=lat,
+    )
+
+
+def what_if(
+    config: RouterConfig,
+    trace: ReplayTrace,
+    scores: np.ndarray,
+    arrivals: np.ndarray,
+    levers: Levers,
+    policy: str | None = None,
+) -> list[ScenarioResult]:
+    prices = TierPrices.from_config(config)
+    routed = replay(config, trace, scores, policy)
+    role_cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens)
+    return [
+        run_scenario(s, trace, arrivals, levers, role_cost)
+        for s in scenarios(prices.role[routed.tier_idx])
+    ]
+
+
+def spec_summary(levers: Levers) -> str:
+    return (
+        f"spec decoding: acceptance {levers.spec_acceptance:g}, k {levers.spec_k}, draft cost "
+        f"{levers.draft_cost:g} -> decode speed-up "
+        f"{spec_speedup(levers.spec_acceptance, levers.spec_k, levers.draft_cost):.2f}x; "
+        f"quantized small: {levers.quant_speed:g}x speed, quality x{levers.quant_quality:g}"
+    )
+
+
+def configured_draft_length(config: RouterConfig, default: int = 5) -> int:
+    """k of the priciest tier's speculative launch config, when it has one."""
+    from policies.registry import tiers_by_price
+
+    large = config.tier(tiers_by_price(config)[-1])
+    spec = large.launch.speculative if large.launch else None
+    return spec.num_speculative_tokens if spec else default
+
+
+def poisson_arrivals(n: int, rate_per_s: float, seed: int = 0) -> np.ndarray:
+    """Arrival times for traces that recorded none."""
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.exponential(1.0 / rate_per_s, n))

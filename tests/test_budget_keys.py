@@ -1,0 +1,121 @@
+"""API keys: hashing, config and run-time keys, revocation, and the keys/budget commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import yaml
+from typer.testing import CliRunner
+
+from policies.keys import AuthError, Identity, InMemoryKeyStore, KeyRing, RedisKeyStore, hash_key
+from router.cli import app as cli_app
+from router.config import config_from_dict
+from tests.budget_helpers import REDIS_URL, delete_prefix, random_prefix
+
+TIER = {"name": "small", "kind": "replay", "model": "m", "replay_trace": "t.jsonl",
+        "price": {"input_per_mtok": 1, "output_per_mtok": 2}}
+
+
+def config(required: bool, **extra: Any) -> Any:
+    return config_from_dict({"tiers": [TIER], "auth": {"required": required}, **extra})
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    p = random_prefix()
+    yield p
+    delete_prefix(p)
+
+
+def test_keys_are_stored_only_as_hashes_and_map_to_identity() -> None:
+    cfg = config(True, keys=[{"key_sha256": hash_key("sk-alpha"), "team": "alpha", "user": "ann"}])
+    ring = KeyRing(cfg, InMemoryKeyStore())
+
+    async def main() -> None:
+        ident = await ring.authenticate("Bearer sk-alpha")
+        assert ident == Identity("alpha", hash_key("sk-alpha")[:16], "ann")
+        raw, record = await ring.create("beta", name="ci")
+        assert raw not in record.to_json().decode() and record.key_sha256 == hash_key(raw)
+        assert (await ring.authenticate(f"bearer {raw}")).team == "beta"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("header", [None, "", "Bearer", "Basic abc", "Bearer sk-unknown"])
+def test_missing_or_unknown_key_is_401_when_auth_required(header: str | None) -> None:
+    ring = KeyRing(config(True), InMemoryKeyStore())
+    with pytest.raises(AuthError):
+        asyncio.run(ring.authenticate(header))
+
+
+def test_without_required_auth_unknown_callers_use_the_default_team() -> None:
+    ring = KeyRing(config(False, auth={"required": False, "default_team": "public"}),
+                   InMemoryKeyStore())
+    assert asyncio.run(ring.authenticate(None)) == Identity("public")
+    assert asyncio.run(ring.authenticate("Bearer whatever")) == Identity("public")
+
+
+def test_revocation_reaches_every_replica_through_redis(prefix: str) -> None:
+    cfg = config(True, keys=[{"key_sha256": hash_key("sk-conf"), "team": "alpha"}])
+
+    async def main() -> None:
+        clients = [redis.asyncio.Redis.from_url(REDIS_URL) for _ in range(2)]
+        admin = KeyRing(cfg, RedisKeyStore(clients[0], prefix), cache_s=0)
+        replica = KeyRing(cfg, RedisKeyStore(clients[1], prefix), cache_s=0)
+        raw, record = await admin.create("beta", user="bob")
+        assert await replica.authenticate(f"Bearer {raw}") == Identity("beta", record.key_id, "bob")
+        await admin.revoke(record.key_id)
+        with pytest.raises(AuthError, match="revoked"):
+            await replica.authenticate(f"Bearer {raw}")
+        # A key from the config file can be revoked at run time too.
+        await admin.revoke(hash_key("sk-conf")[:12])
+        with pytest.raises(AuthError):
+            await replica.authenticate("Bearer sk-conf")
+        listed = {r.key_id: r for r in await replica.list()}
+        assert listed[record.key_id].revoked and listed[hash_key("sk-conf")[:16]].revoked
+        for c in clients:
+            await c.aclose()
+
+    asyncio.run(main())
+
+
+def test_cli_manages_keys_and_budgets_of_a_running_deployment(tmp_path: Any, prefix: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({
+        "tiers": [TIER], "auth": {"required": True},
+        "teams": {"alpha": {"budget": {"limit_usd": 2.0, "period": "daily"}}},
+        "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
+    }))
+    runner = CliRunner()
+
+    def cli(*args: str) -> str:
+        result = runner.invoke(cli_app, [*args, "--config", str(path)])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    raw = cli("keys", "create", "--team", "alpha", "--user", "ann").strip().splitlines()[0]
+    assert raw.startswith("sk-cr-")
+    listed = [json.loads(line) for line in cli("keys", "list", "--json").splitlines()]
+    assert [(k["team"], k["user"], k["revoked"]) for k in listed] == [("alpha", "ann", None)]
+    cli("budget", "set", "--team", "alpha", "--limit-usd", "5", "--period", "monthly")
+    shown = [json.loads(line) for line in cli("budget", "show", "--json").splitlines()]
+    assert shown[0]["team"] == "alpha" and shown[0]["limit_usd"] == 5.0
+    assert shown[0]["period"] == "monthly"
+    cli("budget", "reset", "--team", "alpha", "--yes")
+    cli("keys", "revoke", listed[0]["key_id"])
+    listed = [json.loads(line) for line in cli("keys", "list", "--json").splitlines()]
+    assert listed[0]["revoked"] is not None
+    ledger = cli("budget", "ledger", "--team", "alpha", "--json").splitlines()
+    assert [json.loads(line)["kind"] for line in ledger] == ["reset"]
+
+
+def test_cli_refuses_the_in_process_store_clearly(tmp_path: Any) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({"tiers": [TIER]}))
+    result = CliRunner().invoke(cli_app, ["keys", "list", "--config", str(path)])
+    assert result.exit_code == 1 and "budgets.store is 'memory'" in result.output

@@ -1,0 +1,73 @@
+"""SIGTERM drains: in-flight requests and streams finish, new connections are refused, the
+process exits cleanly and the last requests' traces are flushed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import yaml
+
+from backends.echo_upstream import running_echo_upstream
+from tests.proxy_support import free_port, stop_process, wait_http
+
+CHAT = {"model": "small", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def test_sigterm_drains_in_flight_then_refuses_new(tmp_path: Path) -> None:
+    with running_echo_upstream("--chunks", "10", "--chunk-delay-ms", "100") as echo:
+        port = free_port()
+        config = {
+            "server": {"port": port, "drain_timeout_s": 10},
+            "tiers": [{"name": "small", "base_url": echo, "model": "echo",
+                       "price": {"input_per_mtok": 1, "output_per_mtok": 1}}],
+            "traces": {"path": str(tmp_path / "requests.jsonl")},
+            "signals": {"enabled": False},
+        }  # fmt: skip
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+        cmd = ["serve", "--config", str(tmp_path / "config.yaml")]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "router.cli", *cmd],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url + "/healthz", 30, proc)
+            results: dict[str, object] = {}
+
+            def slow_plain() -> None:
+                body = {**CHAT, "echo": {"delay_ms": 1200}}
+                r = httpx.post(url + "/v1/chat/completions", json=body, timeout=20)
+                results["plain"] = r.status_code
+
+            def slow_stream() -> None:
+                with httpx.stream("POST", url + "/v1/chat/completions",
+                                  json={**CHAT, "stream": True}, timeout=20) as r:  # fmt: skip
+                    results["stream"] = r.read().decode()
+
+            workers = [threading.Thread(target=slow_plain), threading.Thread(target=slow_stream)]
+            for w in workers:
+                w.start()
+            time.sleep(0.4)  # both are in flight now
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            with pytest.raises(httpx.ConnectError):
+                httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=2)
+            for w in workers:
+                w.join(timeout=20)
+            assert results["plain"] == 200
+            stream = results["stream"]
+            assert isinstance(stream, str) and stream.rstrip().endswith("data: [DONE]")
+            assert stream.count('"delta"') == 10  # every chunk arrived
+            assert proc.wait(timeout=15) == 0
+            lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+            assert sorted(orjson.loads(x)["status"] for x in lines) == [200, 200]
+        finally:
+            stop_process(proc)

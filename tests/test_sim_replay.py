@@ -1,0 +1,111 @@
+"""Replay through the real classifier and policies; bad inputs give errors naming the record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router.config import ConfigError, config_from_dict
+from simulations.replay import ReplayError, replay, sweep_inputs, trace_scores, two_tier_policy
+from simulations.sweep import sweep
+from simulations.trace import TraceError, load_trace
+from tests.sim_support import GSM8K, sim_config_dict, write_jsonl_trace
+
+
+@pytest.fixture(scope="module")
+def gsm8k() -> tuple:
+    config = config_from_dict(sim_config_dict(), environ={})
+    trace = load_trace([GSM8K])
+    return config, trace, trace_scores(trace, config)
+
+
+def test_replay_cost_and_quality_follow_the_chosen_tier(gsm8k: tuple) -> None:
+    config, trace, scores = gsm8k
+    t = float(np.median(scores))
+    cfg = config_from_dict(sim_config_dict(threshold=t), environ={})
+    res = replay(cfg, trace, scores)
+    large = scores >= t
+    assert (np.asarray(res.tiers)[res.tier_idx] == np.where(large, "large", "small")).all()
+    # GSM8K answers are counted from each model's own recorded response.
+    completion = np.where(large, trace.completion_tokens[:, 1], trace.completion_tokens[:, 0])
+    expected = np.where(
+        large, trace.prompt_tokens * 10 + completion * 30, (trace.prompt_tokens + completion) * 0.6
+    ) / 1e6
+    np.testing.assert_allclose(res.cost_usd, expected)
+    np.testing.assert_allclose(res.quality, np.where(large, trace.quality[:, 1],
+                                                     trace.quality[:, 0]))
+    assert res.summary()["share"]["large"] == pytest.approx(large.mean())
+    assert (trace.completion_tokens[:, 0] != trace.completion_tokens[:, 1]).any()
+
+
+def test_sweep_inputs_agree_with_replay(gsm8k: tuple) -> None:
+    config, trace, scores = gsm8k
+    inp = sweep_inputs(config, trace, scores, two_tier_policy(config, None))
+    res = sweep(inp, np.array([0.1, 0.2]))
+    for k, t in enumerate((0.1, 0.2)):
+        r = replay(config_from_dict(sim_config_dict(threshold=t), environ={}), trace, scores)
+        assert res.cost_per_1k[k] == pytest.approx(r.cost_usd.mean() * 1000)
+        assert res.quality[k] == pytest.approx(r.quality.mean())
+
+
+def test_empty_trace(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(TraceError, match="empty trace"):
+        load_trace([empty])
+
+
+def test_missing_fields_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    records = write_jsonl_trace(path, 5)
+    del records[3]["prompt"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(TraceError, match=r"t.jsonl: line 4: missing field 'prompt'"):
+        load_trace([path])
+    records = write_jsonl_trace(path, 5)
+    del records[2]["outcomes"]["large"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(TraceError, match=r"line 3: missing field 'outcomes.large'"):
+        load_trace([path])
+
+
+def test_missing_completion_tokens_name_the_record(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    records = write_jsonl_trace(path, 4)
+    del records[1]["completion_tokens"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(TraceError, match=r"record 1 .*completion_tokens"):
+        load_trace([path])
+    assert load_trace([path], default_completion_tokens=7).completion_tokens[1, 0] == 7
+
+
+def test_unsorted_timestamps_name_the_record(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    records = write_jsonl_trace(path, 6)
+    records[4]["time"] = records[1]["time"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(TraceError, match=r"record 4 .*not sorted"):
+        load_trace([path]).require_times()
+
+
+def test_price_missing_for_a_tier_names_the_key() -> None:
+    data = sim_config_dict()
+    del data["tiers"][1]["price"]
+    with pytest.raises(ConfigError, match=r"tiers\.1\.price"):
+        config_from_dict(data, environ={})
+
+
+def test_policy_tier_without_outcomes_is_refused(gsm8k: tuple) -> None:
+    _, trace, scores = gsm8k
+    data = sim_config_dict()
+    data["tiers"].insert(1, {"name": "mid", "kind": "replay", "model": "mid", "replay_trace": "-",
+                             "price": {"input_per_mtok": 2, "output_per_mtok": 2}})
+    data["policies"]["mid"] = {"type": "fixed", "tier": "mid"}
+    cfg = config_from_dict(data, environ={})
+    with pytest.raises(ReplayError, match=r"record 0 .*chose tier 'mid'"):
+        replay(cfg, trace, scores, "mid")
+    with pytest.raises(ReplayError, match="unknown policy 'nope'"):
+        replay(cfg, trace, scores, "nope")

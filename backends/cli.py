@@ -18,11 +18,20 @@ if TYPE_CHECKING:
 backends_app = typer.Typer(no_args_is_help=True)
 
 CONFIG_OPT = typer.Option(..., "--config", "-c", help="router YAML config with tiers[].launch")
+PLAN_CONFIG_OPT = typer.Option(
+    None, "--config", "-c", help="router YAML with tiers[].launch (default: the embedded demo)"
+)
+# Fixed ports for the demo's plan: `cost-router serve` picks free ones when it runs the demo.
+DEMO_PORTS = (8101, 8102)
 
 
-def _load(path: Path) -> RouterConfig:
+def _load(path: Path | None) -> RouterConfig:
     from router.config import ConfigError, load_config
 
+    if path is None:
+        from router.demo import demo_config
+
+        return demo_config(*DEMO_PORTS, host="127.0.0.1", port=8080)
     try:
         return load_config(path)
     except ConfigError as exc:
@@ -30,7 +39,7 @@ def _load(path: Path) -> RouterConfig:
         raise typer.Exit(1) from None
 
 
-def _plans(path: Path, only: list[str] | None) -> list[LaunchPlan]:
+def _plans(path: Path | None, only: list[str] | None) -> list[LaunchPlan]:
     from backends.launch import LaunchError, plan_config
 
     config = _load(path)
@@ -46,13 +55,13 @@ def _plans(path: Path, only: list[str] | None) -> list[LaunchPlan]:
             raise typer.Exit(1)
         plans = [p for p in plans if p.tier in only]
     if not plans:
-        typer.echo(f"error: {path}: no tier has a `launch:` profile", err=True)
+        typer.echo(f"error: {path or 'the config'}: no tier has a `launch:` profile", err=True)
         raise typer.Exit(1)
     return plans
 
 
 @backends_app.command("plan")
-def plan(config: Path = CONFIG_OPT) -> None:
+def plan(config: Path | None = PLAN_CONFIG_OPT) -> None:
     """Print the server command line of every tier with a launch profile (runs nothing)."""
     for p in _plans(config, None):
         metrics = p.metrics_url or "none (readiness from /v1/models only)"
@@ -69,7 +78,7 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 @backends_app.command("launch")
 def launch(
-    config: Path = CONFIG_OPT,
+    config: Path | None = PLAN_CONFIG_OPT,
     tier: list[str] | None = typer.Option(None, "--tier", help="only these tiers (repeatable)"),
     log_dir: Path = typer.Option(Path("logs/backends"), help="one <tier>.log per server"),
 ) -> None:

@@ -95,4 +95,11 @@ def measured_levers(levers: Levers, config: RouterConfig, source: str) -> tuple[
     from policies.registry import tiers_by_price
 
     order = tiers_by_price(config)
-    return apply_measurements(levers, read_signals(source, config), order[0], order[-1])
+    notes: list[str] = []
+    launch = config.tier(order[-1]).launch
+    if launch is not None and launch.speculative is not None:
+        # The draft length the large server actually runs with, not the command-line default.
+        levers = replace(levers, spec_k=launch.speculative.num_speculative_tokens)
+        notes.append(f"{order[-1]}: draft length k={levers.spec_k} from its launch profile")
+    levers, measured = apply_measurements(levers, read_signals(source, config), order[0], order[-1])
+    return levers, notes + measured

@@ -13,6 +13,7 @@ should find its drafts in the prompt) and open questions (nothing to copy). Roun
 plain, lookup... in turn, so slow drift in machine load hits every mode alike.
 
     .venv/bin/python benchmarks/spec_decoding.py [--rounds 2] [--max-tokens 128] [--num-pred 10 2]
+    .venv/bin/python benchmarks/spec_decoding.py --eval-stats   # why: evaluations per token
 """
 
 from __future__ import annotations
@@ -144,6 +145,41 @@ def run_server(num_pred: int, args: argparse.Namespace, log_dir: Path) -> dict[s
     return out
 
 
+def eval_stats(num_pred: int, max_tokens: int) -> None:
+    """Why the speed-up is what it is: in-process Llama (same GGUF, 1 thread), counting the
+    model evaluations per generated token and the time each takes. Instruments `Llama.eval` of
+    this one instance; the server runs the same code path."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from backends.launch import resolve_model_path
+
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=num_pred) if num_pred else None
+    llm = Llama(resolve_model_path(GGUF), n_ctx=2048, n_threads=1, verbose=False,
+                draft_model=draft)  # fmt: skip
+    calls: list[tuple[int, float]] = []
+    plain_eval = llm.eval
+
+    def timed_eval(tokens: list[int]) -> None:
+        t0 = time.perf_counter()
+        plain_eval(tokens)
+        calls.append((len(tokens), time.perf_counter() - t0))
+
+    llm.eval = timed_eval  # type: ignore[method-assign]
+    llm.create_chat_completion([{"role": "user", "content": "Say hello."}], max_tokens=4)
+    for key, prompt in (("repeat", REPEATING["repeat"]), ("explain", OPEN["explain"])):
+        calls.clear()
+        out = llm.create_chat_completion(
+            [{"role": "user", "content": prompt}], temperature=0, max_tokens=max_tokens
+        )
+        steps = calls[1:]  # calls[0] evaluates the prompt
+        n = out["usage"]["completion_tokens"]
+        evaluated, seconds = sum(c[0] for c in steps), sum(c[1] for c in steps)
+        per_eval, per_token = 1e3 * seconds / evaluated, 1e3 * seconds / n
+        print(f"| {mode_name(num_pred)} | {key} | {n} | {len(steps)} | {n / len(steps):.2f} | "
+              f"{evaluated} | {per_eval:.1f} | {per_token:.1f} |")  # fmt: skip
+
+
 def mode_name(num_pred: int) -> str:
     return f"prompt lookup, {num_pred} draft tokens" if num_pred else "plain"
 
@@ -154,8 +190,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--num-pred", type=int, nargs="+", default=[10, 2],
                         help="draft lengths to compare with plain decoding")  # fmt: skip
+    parser.add_argument("--eval-stats", action="store_true",
+                        help="instead: count model evaluations per token, in process")  # fmt: skip
     args = parser.parse_args()
     modes = [0, *args.num_pred]
+    if args.eval_stats:
+        print("| mode | prompt | tokens | decode evals | tokens per eval | tokens evaluated |"
+              " ms per evaluated token | ms per generated token |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for m in modes:
+            eval_stats(m, args.max_tokens)
+        return
     log_dir = Path(tempfile.mkdtemp(prefix="spec-bench-"))
     print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores, shared machine)")
     totals = {m: {g: Totals() for g in GROUPS} for m in modes}

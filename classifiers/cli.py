@@ -138,7 +138,6 @@ def _scorer(model: Path | None):  # noqa: ANN202
 
 
 def _score_stream(scorer, source: TextIO, sink: TextIO, context_turns: int) -> int:  # noqa: ANN001
-    from classifiers.features import request_text
 
     count = 0
     for lineno, line in enumerate(source, 1):

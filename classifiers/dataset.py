@@ -1,4 +1,4 @@
-"""The one loader of routing-outcome data: RouteLLM-style CSV (files or folders) and our JSONL traces.
+"""The one loader of routing-outcome data: RouteLLM-style CSV (files, folders) and JSONL traces.
 
 Training, evaluation and the simulator all call `load_dataset`. A RouteLLM CSV has a `prompt`
 column and one outcome column per model (True/False, 0/1 or a graded score such as a 1-10 judge
@@ -244,11 +244,12 @@ def _read_trace(
                 err = exc.errors()[0]
                 loc = ".".join(str(p) for p in err["loc"])
                 raise DatasetError(f"{where}: field {loc!r}: {err['msg']}") from None
-            if record.prompt is None and record.messages is None:
+            if record.prompt is None and record.messages is None and require:
                 raise DatasetError(f"{where}: missing field 'prompt' (or 'messages')")
             prompt = record.prompt
             if prompt is None:
-                prompt = request_text({"messages": record.messages}, context_turns)
+                # Live traces may omit content (it is logged only when configured).
+                prompt = request_text({"messages": record.messages or []}, context_turns)
             rows.prompts.append(prompt)
             rows.small.append(_outcome(record, small, where, require))
             rows.large.append(_outcome(record, large, where, require))

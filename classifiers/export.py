@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
-from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.pipeline import Pipeline
 from skl2onnx import to_onnx
 from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.pipeline import Pipeline
 
-from classifiers.features import NUMERIC_FEATURES
+from classifiers.features import MODEL_INPUTS, NUMERIC_INPUTS, TEXT_INPUTS
+from classifiers.train import class_values
 
 # RE2 equivalent of train.WORD_PATTERN; onnxruntime's tokenizer is RE2 and has no `(?u)`.
 RE2_WORD_PATTERN = r"[\p{L}\p{N}_]{2,}"
@@ -39,14 +41,18 @@ def _converter_options(pipeline: Pipeline) -> dict[int, dict[str, Any]]:
 
 
 def to_onnx_bytes(pipeline: Pipeline) -> bytes:
-    inputs = [("text", StringTensorType([None, 1]))]
-    inputs += [(name, FloatTensorType([None, 1])) for name in NUMERIC_FEATURES]
-    model = to_onnx(
-        pipeline,
-        initial_types=inputs,
-        options=_converter_options(pipeline),
-        target_opset=TARGET_OPSET,
-    )
+    inputs: list[tuple[str, Any]] = [(name, StringTensorType([None, 1])) for name in TEXT_INPUTS]
+    inputs += [(name, FloatTensorType([None, 1])) for name in NUMERIC_INPUTS]
+    with warnings.catch_warnings():
+        # skl2onnx warns that analyzer="char" "may not work": the parity test checks it does,
+        # given the whitespace collapsing done in classifiers.features.
+        warnings.filterwarnings("ignore", message="The conversion of CountVectorizer")
+        model = to_onnx(
+            pipeline,
+            initial_types=inputs,
+            options=_converter_options(pipeline),
+            target_opset=TARGET_OPSET,
+        )
     return model.SerializeToString()
 
 
@@ -57,12 +63,14 @@ def export(pipeline: Pipeline, path: str | Path, metadata: dict[str, Any]) -> di
     blob = to_onnx_bytes(pipeline)
     path.write_bytes(blob)
     meta = {
+        "class_values": class_values(pipeline),
+        "context_turns": 2,
         **metadata,
         "format": "cost-router-classifier/1",
         "onnx_file": path.name,
         "onnx_sha256": hashlib.sha256(blob).hexdigest(),
         "onnx_bytes": len(blob),
-        "inputs": ["text", *NUMERIC_FEATURES],
+        "inputs": list(MODEL_INPUTS),
         "output": OUTPUT,
     }
     metadata_path(path).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

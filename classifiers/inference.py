@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from classifiers.features import NUMERIC_FEATURES, model_inputs, request_text
+from classifiers.features import MODEL_INPUTS, TEXT_INPUTS, model_inputs, request_text
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "default" / "model.onnx"
 # Rows per onnxruntime call: the graph builds a dense [rows, vocabulary] matrix, so chunks keep
@@ -50,9 +50,11 @@ class DifficultyScorer:
         self.metadata = metadata
         self.context_turns = int(metadata.get("context_turns", 2))
         self._session = session
-        self._numeric = list(NUMERIC_FEATURES)
         outputs = [o.name for o in session.get_outputs()]
         self._output = "probabilities" if "probabilities" in outputs else outputs[-1]
+        # Score = class probabilities @ class values (binary models: P(class 1)).
+        values = metadata.get("class_values", [0.0, 1.0])
+        self._class_values = np.asarray(values, dtype=np.float32)
 
     @classmethod
     def load(cls, path: str | Path | None = None, threads: int = 1) -> DifficultyScorer:
@@ -66,7 +68,7 @@ class DifficultyScorer:
             raise ModelLoadError(
                 f"classifier model {model_path}: not a loadable ONNX model ({exc})"
             ) from exc
-        expected = {"text", *NUMERIC_FEATURES}
+        expected = set(MODEL_INPUTS)
         names = {i.name for i in session.get_inputs()}
         if names != expected:
             raise ModelLoadError(
@@ -96,14 +98,20 @@ class DifficultyScorer:
         return scores
 
     def _run(self, texts: Sequence[str | bytes]) -> np.ndarray:
-        normalized, numeric = model_inputs(texts)
-        feed: dict[str, np.ndarray] = {
-            "text": np.asarray(normalized, dtype=object).reshape(-1, 1)
-        }
-        for i, name in enumerate(self._numeric):
-            feed[name] = numeric[:, i : i + 1]
+        columns = model_inputs(texts)
+        feed: dict[str, np.ndarray] = {}
+        for name, values in columns.items():
+            if name in TEXT_INPUTS:
+                feed[name] = np.asarray(values, dtype=object).reshape(-1, 1)
+            else:
+                feed[name] = values.reshape(-1, 1)
         probabilities = self._session.run([self._output], feed)[0]
-        return probabilities[:, 1]
+        if probabilities.shape[1] != len(self._class_values):
+            raise ValueError(
+                f"model gives {probabilities.shape[1]} classes, metadata names "
+                f"{len(self._class_values)} class values"
+            )
+        return probabilities @ self._class_values
 
 
 def _metadata(model_path: Path) -> dict[str, Any]:

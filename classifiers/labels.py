@@ -1,8 +1,8 @@
 """Training labels: which prompts "need the large tier".
 
-Default (`needs_large`): the large model's outcome beats the small model's by more than `margin`.
-With True/False outcomes and margin 0 that is "large right, small wrong"; with graded outcomes
-(e.g. 1-10 judge scores) a margin ignores differences a judge cannot resolve.
+Default binary label (`needs_large`): the large model's outcome beats the small model's by more
+than `margin`. With True/False outcomes and margin 0 that is "large right, small wrong"; with
+graded outcomes (e.g. 1-10 judge scores) a margin ignores differences a judge cannot resolve.
 
 Rows where either outcome is unknown (NaN) get no label; callers drop them.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LABELS = ("large_beats_small",)
+LABELS = ("large_beats_small", "gain_class")
 
 
 def needs_large(small: np.ndarray, large: np.ndarray, margin: float = 0.0) -> np.ndarray:
@@ -28,3 +28,15 @@ def needs_large(small: np.ndarray, large: np.ndarray, margin: float = 0.0) -> np
 def known(small: np.ndarray, large: np.ndarray) -> np.ndarray:
     """Rows whose two outcomes are both known."""
     return ~(np.isnan(np.asarray(small, float)) | np.isnan(np.asarray(large, float)))
+
+
+def gain_class(small: np.ndarray, large: np.ndarray, margin: float = 0.0) -> np.ndarray:
+    """-1 where large is worse by more than `margin`, 1 where better by more, else 0 (a tie).
+
+    The shipped model learns these three classes and scores P(1) - P(-1), the expected gain of
+    sending the prompt to the large model: prompts where only the small model is right are pushed
+    to the bottom of the ranking, not lumped in with ties as the binary label does.
+    """
+    better = needs_large(small, large, margin)
+    worse = needs_large(large, small, margin)
+    return better - worse

@@ -68,7 +68,8 @@ def _run(config: Path | None, redis_url: str | None,
     cfg = _load(config, redis_url)
 
     async def main() -> T:
-        store = create_store(cfg.budgets)
+        # Never the journal: it belongs to the proxy replicas (a CLI would adopt their files).
+        store = create_store(cfg.budgets.model_copy(update={"journal_path": None}))
         try:
             return await action(cfg, store, create_keyring(cfg, store))
         finally:
@@ -258,3 +259,29 @@ def budget_ledger(
            [[_when(e.time), e.request_id, e.key_id or "-", e.kind, f"{e.nanos / 1e9:.9f}"]
             for e in entries])
     typer.echo(f"{len(entries)} entries, total {_usd(sum(e.nanos for e in entries) / 1e9)}")
+
+
+@budget_app.command("audit")
+def budget_audit(
+    team: str | None = typer.Option(None, "--team", help="one team (default: all)"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+) -> None:
+    """Rebuild spend from the ledger and compare it with the stored spend; exit 1 on a mismatch."""
+    from policies.budgets import spend_from_ledger
+
+    async def act(cfg: Any, store: Any, ring: Any) -> list[list[str]]:
+        rows = []
+        for name in [team] if team else await store.teams():
+            stored = await store.spend(name)
+            rebuilt = spend_from_ledger(await store.ledger(name))
+            for scope, pid in sorted(set(stored) | set(rebuilt)):
+                a, b = stored.get((scope, pid), 0), rebuilt.get((scope, pid), 0)
+                rows.append([name, scope, pid, f"{a / 1e9:.9f}", f"{b / 1e9:.9f}",
+                             "ok" if a == b else "MISMATCH"])
+        return rows
+
+    rows = _run(config, redis_url, act)
+    _table(["team", "scope", "period", "stored usd", "ledger usd", ""], rows)
+    if any(r[-1] != "ok" for r in rows):
+        raise _fail("stored spend differs from the ledger")

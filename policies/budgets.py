@@ -242,9 +242,27 @@ class LedgerEntry:
     team: str
     key_id: str | None
     nanos: int
-    kind: str  # settle | direct | reset
-    periods: dict[str, str] = field(default_factory=dict)
+    kind: str  # settle | direct (no live reservation) | reset (operator zeroed the windows)
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (scope, period id) touched
     time: float = 0.0
+
+    @property
+    def periods(self) -> dict[str, str]:
+        return dict(self.pairs)
+
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """The ledger's `periods` field: ``scope=period-id`` joined by ``;``."""
+    return [(a, b) for a, _, b in (p.partition("=") for p in text.split(";") if p)]
+
+
+def spend_from_ledger(entries: list[LedgerEntry]) -> dict[tuple[str, str], int]:
+    """Rebuild spend per (scope, period id) from the ledger alone: the audit of the spend hash."""
+    spend: dict[tuple[str, str], int] = {}
+    for e in entries:
+        for pair in e.pairs:
+            spend[pair] = 0 if e.kind == "reset" else spend.get(pair, 0) + e.nanos
+    return {k: v for k, v in spend.items() if v}
 
 
 def encode_limit(limit: BudgetLimit | None) -> str:
@@ -318,6 +336,10 @@ class BudgetStore(ABC):
     @abstractmethod
     async def ledger(self, team: str) -> list[LedgerEntry]:
         """Every charge of a team, oldest first."""
+
+    @abstractmethod
+    async def spend(self, team: str) -> dict[tuple[str, str], int]:
+        """The stored spend of a team per (scope, period id), non-zero entries only."""
 
     @abstractmethod
     async def teams(self) -> list[str]:
@@ -502,8 +524,8 @@ class InMemoryBudgetStore(BudgetStore):
                 st.window_tokens += tokens - res.tokens
         self._done[request_id] = actual
         self._ledger.setdefault(res.team, []).append(
-            LedgerEntry(request_id, res.team, res.key_id, actual, kind, dict(res.periods),
-                        self._clock()))
+            LedgerEntry(request_id, res.team, res.key_id, actual, kind,
+                        sorted(res.periods.items()), self._clock()))
         out = Settlement(request_id, actual)
         self._remember_settled(out)
         return out
@@ -547,11 +569,16 @@ class InMemoryBudgetStore(BudgetStore):
         pids = {w.id for w in self.windows(now).values()}
         wiped = sum(st.spent.pop(pid, 0) for pid in pids)
         self._ledger.setdefault(team, []).append(
-            LedgerEntry(f"reset-{now:.6f}", team, key_id, -wiped, "reset", {name: "*"}, now))
+            LedgerEntry(f"reset-{now:.6f}", team, key_id, -wiped, "reset",
+                        [(name, pid) for pid in sorted(pids)], now))
         return wiped
 
     async def ledger(self, team: str) -> list[LedgerEntry]:
         return list(self._ledger.get(team, []))
+
+    async def spend(self, team: str) -> dict[tuple[str, str], int]:
+        return {(scope, pid): v for (t, scope), st in self._state.items() if t == team
+                for pid, v in st.spent.items() if v}
 
     async def teams(self) -> list[str]:
         return sorted({t for t, _ in self._state})

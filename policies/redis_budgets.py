@@ -9,7 +9,8 @@ unchanged on Redis Cluster. Layout under ``<prefix>:{<team>}:``:
 - ``lease``    ZSET request id -> lease expiry (ms, Redis server time)
 - ``limits``   HASH scope -> operator override ``nanos|period|rpm|tpm``
 - ``rate:<minute>`` HASH ``scope|r`` / ``scope|t`` requests and tokens in that minute (TTL 120 s)
-- ``done:<request id>`` settled marker, TTL 1 day (idempotent settle and journal replay)
+- ``done:<hour>`` HASH request id -> nanos charged, for requests reserved in that UTC hour;
+  TTL 1 day (idempotent settle and journal replay; one key per hour keeps the keyspace small)
 - ``ledger``   STREAM, one entry per charge (append-only audit trail; spend can be rebuilt from it)
 
 A live replica renews the leases of its open reservations every lease_s / 3, so a long stream
@@ -54,6 +55,7 @@ from policies.budgets import (
     encode_limit,
     key_scope,
     minute_window,
+    parse_pairs,
     usd_to_nanos,
 )
 from policies.keys import RedisKeyStore
@@ -90,8 +92,9 @@ class TeamKeys:
     def rate(self, minute: int) -> str:
         return f"{self.base}:rate:{minute}"
 
-    def done(self, request_id: str) -> str:
-        return f"{self.base}:done:{request_id}"
+    def done(self, minute: int) -> str:
+        """Settled markers of the requests reserved in this minute's UTC hour."""
+        return f"{self.base}:done:{minute // 60}"
 
 
 class Journal:
@@ -212,7 +215,7 @@ class RedisBudgetStore(BudgetStore):
         args.append(len(scopes))
         for name, limit in scopes:
             args += [name, encode_limit(limit)]
-        keys = [k.spend, k.reserved, k.res, k.lease, k.limits, k.rate(minute), k.done(request_id)]
+        keys = [k.spend, k.reserved, k.res, k.lease, k.limits, k.rate(minute), k.done(minute)]
         try:
             reply = await self._scripts["reserve"](keys=keys, args=args)
         except UNREACHABLE as exc:
@@ -286,7 +289,8 @@ class RedisBudgetStore(BudgetStore):
                            entry["key"], len(entry["periods"])]
         for name, pid in entry["periods"].items():
             args += [name, pid]
-        keys = [k.spend, k.reserved, k.res, k.lease, k.ledger, k.done(rid), k.rate(entry["minute"])]
+        keys = [k.spend, k.reserved, k.res, k.lease, k.ledger, k.done(entry["minute"]),
+                k.rate(entry["minute"])]
         reply = await self._scripts["settle"](keys=keys, args=args)
         if _s(reply[0]) == "dup":
             return Settlement(rid, int(_s(reply[1])), duplicate=True)
@@ -374,10 +378,19 @@ class RedisBudgetStore(BudgetStore):
                 return out
             for entry_id, fields in batch:
                 f = {_s(a): _s(b) for a, b in fields.items()}
-                periods = dict(p.split("=", 1) for p in f["periods"].split(";") if p)
                 out.append(LedgerEntry(f["rid"], f["team"], f["key"] or None, int(f["nanos"]),
-                                       f["kind"], periods, int(_s(entry_id).split("-")[0]) / 1000))
+                                       f["kind"], parse_pairs(f["periods"]),
+                                       int(_s(entry_id).split("-")[0]) / 1000))
             last = _s(batch[-1][0])
+
+    async def spend(self, team: str) -> dict[tuple[str, str], int]:
+        raw = await self.redis.hgetall(self.keys(team).spend)
+        out = {}
+        for field, value in raw.items():
+            scope, _, pid = _s(field).rpartition("|")
+            if int(value):
+                out[(scope, pid)] = int(value)
+        return out
 
     async def teams(self) -> list[str]:
         found = set()

@@ -1,7 +1,7 @@
 -- Atomic check-and-reserve of a request's worst-case cost for every scope (team, key).
 -- KEYS: 1 spend HASH (scope|period -> nanos), 2 reserved HASH, 3 res HASH, 4 lease ZSET,
 --       5 limits HASH (operator overrides: scope -> "nanos|period|rpm|tpm"),
---       6 rate HASH of the current minute (scope|r, scope|t), 7 done marker of this request.
+--       6 rate HASH of the current minute (scope|r, scope|t), 7 done HASH of the current hour.
 -- ARGV: 1 request id, 2 amount nanos, 3 tokens, 4 lease ms, 5 seconds to the next minute,
 --       6..11 daily id, daily reset s, monthly id, monthly reset s, total id, total reset s,
 --       12 number of scopes, then per scope: scope name, configured limit "nanos|period|rpm|tpm".
@@ -13,7 +13,7 @@ reclaim(KEYS[2], KEYS[3], KEYS[4], now, 64)
 local rid = ARGV[1]
 local held = redis.call('HGET', KEYS[3], rid)
 if held then return {'held', held} end
-if redis.call('EXISTS', KEYS[7]) == 1 then return {'settled'} end
+if redis.call('HEXISTS', KEYS[7], rid) == 1 then return {'settled'} end
 
 local amount = tonumber(ARGV[2])
 local tokens = tonumber(ARGV[3])

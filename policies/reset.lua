@@ -9,5 +9,7 @@ for i = 4, 6 do
 end
 local text = string.format('%d', wiped)
 redis.call('XADD', KEYS[2], '*', 'rid', '', 'team', ARGV[2], 'key', ARGV[3],
-  'nanos', '-' .. text, 'tokens', '0', 'kind', 'reset', 'periods', ARGV[1] .. '=*')
+  'nanos', '-' .. text, 'tokens', '0', 'kind', 'reset',
+  'periods', ARGV[1] .. '=' .. ARGV[4] .. ';' .. ARGV[1] .. '=' .. ARGV[5] .. ';' .. ARGV[1] .. '='
+    .. ARGV[6])
 return text

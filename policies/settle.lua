@@ -1,13 +1,14 @@
 -- Charge a request's actual cost, free its reservation, append the charge to the ledger.
--- Idempotent: a done marker per request id (with a TTL) makes a second settle a no-op.
+-- Idempotent: a done marker per request id (a field in the hash of the hour the request was
+-- reserved in, with a TTL) makes a second settle a no-op.
 -- KEYS: 1 spend HASH, 2 reserved HASH, 3 res HASH, 4 lease ZSET, 5 ledger STREAM,
---       6 done marker, 7 rate HASH of the reservation's minute.
+--       6 done HASH of the reservation's hour, 7 rate HASH of the reservation's minute.
 -- ARGV: 1 request id, 2 actual nanos, 3 actual tokens, 4 done TTL s, 5 team, 6 key id or '',
 --       7 number of scopes, then per scope: name, period id (used only when the reservation is
 --       gone: its lease was reclaimed, or the request was admitted while Redis was down).
 -- Returns {'ok', kind, ledger entry id} or {'dup', nanos charged the first time}.
 local rid = ARGV[1]
-local prev = redis.call('GET', KEYS[6])
+local prev = redis.call('HGET', KEYS[6], rid)
 if prev then return {'dup', prev} end
 
 local periods = {}
@@ -41,7 +42,8 @@ for scope, pid in pairs(periods) do
   listed[#listed + 1] = scope .. '=' .. pid
 end
 table.sort(listed)
-redis.call('SET', KEYS[6], ARGV[2], 'EX', tonumber(ARGV[4]))
+redis.call('HSET', KEYS[6], rid, ARGV[2])
+redis.call('EXPIRE', KEYS[6], tonumber(ARGV[4]))
 local id = redis.call('XADD', KEYS[5], '*', 'rid', rid, 'team', ARGV[5], 'key', ARGV[6],
   'nanos', ARGV[2], 'tokens', ARGV[3], 'kind', kind, 'periods', table.concat(listed, ';'))
 return {'ok', kind, id}

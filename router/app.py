@@ -9,6 +9,7 @@ errors and the forwarded body is the client's own dict, validated once.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -107,6 +108,11 @@ async def start_state(state: RouterState) -> None:
     await state.budgets.store.start()
     if state.signals is not None:
         state.signals.start()
+    # Everything loaded so far (libraries, classifier, config) lives for the whole process;
+    # freezing it keeps the collector from rescanning it, which otherwise shows up as
+    # tens-of-milliseconds pauses in the p99 latency.
+    gc.collect()
+    gc.freeze()
 
 
 async def stop_state(state: RouterState) -> None:

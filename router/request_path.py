@@ -357,7 +357,7 @@ async def start_stream(
         t0 = time.perf_counter()
         upstream = state.backends[tier.name].stream(call.endpoint, upstream_body(body, tier, True))
         try:
-            first = await until_disconnect(request, anext(upstream), ClientGone)
+            first = await until_disconnect(request, _first_bytes(upstream, tier), ClientGone)
         except UpstreamError as exc:
             limiter.release()
             log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
@@ -375,6 +375,13 @@ async def start_stream(
         parts = _client_stream(state, call, tier, upstream, first, meter, limiter.release)
         return RelayResponse(parts, headers=call.headers())
     raise attempts.error()
+
+
+async def _first_bytes(upstream: AsyncIterator[bytes], tier: TierConfig) -> bytes:
+    try:
+        return await anext(upstream)
+    except StopAsyncIteration:
+        raise UpstreamError(tier.name, "closed the stream before sending anything") from None
 
 
 async def _client_stream(

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
-from router.app import create_app
+from router.app import create_app, load_scorer
 from router.config import RouterConfig
 from router.fastpath import FastPath
 
@@ -53,7 +54,16 @@ def run_server(
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     # httpx logs every upstream request at INFO: noise, and measurable cost on the hot path.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    ucfg = uvicorn_config(config, host, port, config_path=config_path)
+    # Load the classifier before listening: a bad model file is a one-line error, not a
+    # failed-startup traceback from inside uvicorn.
+    from classifiers.inference import ModelLoadError
+
+    try:
+        scorer = load_scorer(config)
+    except ModelLoadError as exc:
+        print(f"cost-router: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    ucfg = uvicorn_config(config, host, port, config_path=config_path, scorer=scorer)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((ucfg.host, ucfg.port))

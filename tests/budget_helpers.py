@@ -129,6 +129,8 @@ class Proxy:
         import httpx
 
         while time.monotonic() < deadline:  # the socket is bound before the app is ready
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"proxy exited: {self.log()[-3000:]}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     return self

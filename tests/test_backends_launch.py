@@ -269,6 +269,14 @@ def test_cli_plan_prints_commands() -> None:
     assert "# tier small (vllm)" in result.output
 
 
+def test_cli_plan_without_config_shows_the_embedded_demo() -> None:
+    result = CliRunner().invoke(app, ["backends", "plan"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("-m llama_cpp.server") == 2
+    assert "--draft_model prompt-lookup-decoding" in result.output  # the demo's large tier
+    assert "metrics none (readiness from /v1/models only)" in result.output
+
+
 def test_cli_plan_bad_profile_exits_1_naming_the_key(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(

@@ -102,3 +102,17 @@ def test_backends_signals_cli_saves_a_snapshot(tmp_path: Path) -> None:
         assert load_snapshot(snap)["large"].waiting == 12.0
     finally:
         server.close()
+
+
+def test_draft_length_comes_from_the_large_tiers_launch_profile(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "gpu-node.yaml"
+    from router.config import load_config
+
+    snap = tmp_path / "snap.json"
+    save_snapshot(snap, {"large": measured_large()})
+    levers, notes = measured_levers(
+        Levers(small=LEVERS.small, large=LEVERS.large, spec_k=2), load_config(example), str(snap)
+    )
+    assert levers.spec_k == 5  # gpu-node.yaml: num_speculative_tokens 5
+    assert levers.large.per_token_s == pytest.approx(0.01 * spec_speedup(0.75, 5, 0.0))
+    assert notes[0] == "large: draft length k=5 from its launch profile"

@@ -159,7 +159,8 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
             assert spent <= LIMIT_NANOS, (team, spent - LIMIT_NANOS)
             assert spent == ledger.ledger_sum(team) == told[team]
             ok = sum(1 for t, r in results if t == team and r.status_code == 200)
-            assert ok >= 40, (team, ok)
+            # Even if all of a team's requests reserved at the same instant, this many fit.
+            assert ok >= LIMIT_NANOS // worst_nanos(LARGE, body(team, 399)), (team, ok)
             assert len({e["rid"] for e in ledger.entries(team)}) == ok  # one charge per answer
         assert any(r.headers.get("x-router-downgraded") == "true" for _, r in results)
         for team in TEAMS:  # shown with `pytest -s`: the figures quoted in the report

@@ -112,6 +112,7 @@ def test_cli_manages_keys_and_budgets_of_a_running_deployment(tmp_path: Any, pre
     assert listed[0]["revoked"] is not None
     ledger = cli("budget", "ledger", "--team", "alpha", "--json").splitlines()
     assert [json.loads(line)["kind"] for line in ledger] == ["reset"]
+    assert "MISMATCH" not in cli("budget", "audit")
 
 
 def test_cli_refuses_the_in_process_store_clearly(tmp_path: Any) -> None:

@@ -17,6 +17,7 @@ from policies.budgets import (
     BudgetStore,
     BudgetUnavailable,
     InMemoryBudgetStore,
+    spend_from_ledger,
     usd_to_nanos,
 )
 from policies.redis_budgets import RedisBudgetStore, TeamKeys
@@ -112,6 +113,7 @@ def test_concurrent_reservations_never_exceed_the_limit(make_store: StoreFactory
         assert st.spent_nanos == sum(charged) <= usd_to_nanos(1.5)
         assert st.reserved_nanos == 0
         assert sum(e.nanos for e in await store.ledger("alpha")) == st.spent_nanos
+        assert spend_from_ledger(await store.ledger("alpha")) == await store.spend("alpha")
         await store.aclose()
 
     run(main())
@@ -213,6 +215,10 @@ def test_operator_override_reset_and_ledger(make_store: StoreFactory) -> None:
         assert (await store.status(scope))[0].limit_nanos == usd_to_nanos(1.0)
         kinds = [(e.kind, e.nanos) for e in await store.ledger("alpha")]
         assert kinds == [("settle", usd_to_nanos(0.5)), ("reset", -usd_to_nanos(0.5))]
+        await store.settle("b", 0.1, 1)
+        rebuilt = spend_from_ledger(await store.ledger("alpha"))
+        assert rebuilt == await store.spend("alpha") == {
+            ("team", (await store.status(scope))[0].period_id): usd_to_nanos(0.1)}
         assert "alpha" in await store.teams()
         await store.aclose()
 
@@ -234,7 +240,7 @@ def test_period_ids_follow_the_configured_zone(make_store: StoreFactory) -> None
 
 def test_redis_scripts_touch_one_cluster_slot_per_team() -> None:
     k = TeamKeys("cr", "team-a")
-    names = [k.spend, k.reserved, k.res, k.lease, k.limits, k.ledger, k.rate(1), k.done("x")]
+    names = [k.spend, k.reserved, k.res, k.lease, k.limits, k.ledger, k.rate(1), k.done(1)]
     assert len({key_slot(n.encode()) for n in names}) == 1
 
 

@@ -71,3 +71,20 @@ def test_sigterm_drains_in_flight_then_refuses_new(tmp_path: Path) -> None:
             assert sorted(orjson.loads(x)["status"] for x in lines) == [200, 200]
         finally:
             stop_process(proc)
+
+
+def test_serve_with_unloadable_classifier_exits_with_one_line_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.onnx"
+    config = {
+        "classifier": {"model_path": str(missing)},
+        "tiers": [{"name": "small", "base_url": "http://127.0.0.1:9/v1", "model": "m",
+                   "price": {"input_per_mtok": 1, "output_per_mtok": 1}}],
+        "traces": {"path": None},
+    }  # fmt: skip
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [sys.executable, "-m", "router.cli", "serve", "--config", str(tmp_path / "c.yaml")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert str(missing) in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,119 @@
+"""`cost-router classifier train|eval|score|bench` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from classifiers.dataset import load_dataset
+from router.cli import app
+
+DATA = Path("/work/shared/data/routellm")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def small_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = load_dataset(DATA)
+    rng = np.random.default_rng(0)
+    rows = np.concatenate(
+        [
+            np.flatnonzero(data.benchmark == "gsm8k")[:250],
+            rng.choice(np.flatnonzero(data.benchmark == "mmlu"), 250, replace=False),
+        ]
+    )
+    path = tmp_path_factory.mktemp("data") / "bench" / "outcomes.csv"
+    path.parent.mkdir()
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["prompt", "cheap", "pricey"])
+        for i in rows:
+            writer.writerow([data.prompts[i], bool(data.small[i]), bool(data.large[i])])
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(small_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("model") / "m.onnx"
+    args = ["classifier", "train", str(small_csv), "--small", "cheap", "--large", "pricey"]
+    result = runner.invoke(app, [*args, "--out", str(out), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_train_writes_model_and_metadata(trained: Path) -> None:
+    meta = json.loads(trained.with_suffix(".json").read_text())
+    assert meta["train_config"]["seed"] == 3
+    assert meta["small_model"] == "cheap" and meta["rows"] == 500
+    assert meta["onnx_bytes"] == trained.stat().st_size
+
+
+def test_train_is_reproducible(small_csv: Path, trained: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again.onnx"
+    args = ["classifier", "train", str(small_csv), "--small", "cheap", "--large", "pricey"]
+    result = runner.invoke(app, [*args, "--out", str(again), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    assert again.read_bytes() == trained.read_bytes()
+
+
+def test_train_missing_column_is_a_clear_error(small_csv: Path, tmp_path: Path) -> None:
+    args = ["classifier", "train", str(small_csv), "--small", "cheap", "--large", "absent"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "x.onnx")])
+    assert result.exit_code == 2
+    assert "line 1: missing column 'absent'" in result.output
+
+
+def test_eval_reports_metrics_with_random_baseline(small_csv: Path, trained: Path) -> None:
+    args = ["classifier", "eval", str(small_csv), "--small", "cheap", "--large", "pricey"]
+    result = runner.invoke(app, [*args, "--model", str(trained), "--rounds", "50", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out) == {"bench"}
+    router = out["bench"]["router"]
+    assert set(router) == {"AUC", "APGR", "CPT(50%)", "CPT(80%)"}
+    apgr = router["APGR"]
+    assert apgr["low"] <= apgr["value"] <= apgr["high"]
+    assert "APGR" in out["bench"]["random"]
+    table = runner.invoke(app, [*args, "--model", str(trained), "--rounds", "20"])
+    assert table.exit_code == 0 and "random" in table.output
+
+
+def test_score_stdin_and_file_keep_order(trained: Path, tmp_path: Path) -> None:
+    lines = [
+        {"prompt": "What is 2 + 2?", "id": 1},
+        {"messages": [{"role": "user", "content": "Prove Fermat's last theorem."}], "id": 2},
+        {"prompt": "", "id": 3},
+    ]
+    text = "".join(json.dumps(x) + "\n" for x in lines)
+    result = runner.invoke(app, ["classifier", "score", "--model", str(trained)], input=text)
+    assert result.exit_code == 0, result.output
+    out = [json.loads(line) for line in result.output.splitlines()]
+    assert [o["id"] for o in out] == [1, 2, 3]
+    assert all(0 <= o["score"] <= 1 for o in out)
+    path = tmp_path / "in.jsonl"
+    path.write_text(text)
+    from_file = runner.invoke(app, ["classifier", "score", str(path), "--model", str(trained)])
+    assert from_file.output == result.output
+
+
+def test_score_errors(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["classifier", "score"], input='{"prompt": "ok"}\n{bad\n')
+    assert result.exit_code == 2 and "line 2: not JSON" in result.output
+    result = runner.invoke(app, ["classifier", "score"], input='{"text": "no prompt"}\n')
+    assert result.exit_code == 2 and "line 1" in result.output
+    missing = tmp_path / "missing.onnx"
+    result = runner.invoke(app, ["classifier", "score", "--model", str(missing)], input="")
+    assert result.exit_code == 2 and "missing.onnx" in result.output
+
+
+def test_bench_prints_figures(small_csv: Path, trained: Path) -> None:
+    args = ["classifier", "bench", "--data", str(DATA / "gsm8k"), "--model", str(trained)]
+    result = runner.invoke(app, [*args, "--queries", "50", "--batch", "200"])
+    assert result.exit_code == 0, result.output
+    for key in ("p50_ms", "p99_ms", "batch_prompts_per_s", "model_bytes", "rss_added_by_load_mb"):
+        assert key in result.output

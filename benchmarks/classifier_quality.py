@@ -36,6 +36,16 @@ def litellm_scores(prompts: list[str]) -> np.ndarray:
     return np.array([router.classify(p)[1] for p in prompts], dtype=np.float64)
 
 
+def print_calibration(scores: np.ndarray, small: np.ndarray, large: np.ndarray) -> None:
+    """Our score is (1 + expected gain) / 2: compare predicted and observed gain per decile."""
+    print("\ncalibration (out-of-fold, pooled): score decile, predicted gain, observed gain")
+    order = np.argsort(scores, kind="stable")
+    for k, part in enumerate(np.array_split(order, 10)):
+        predicted = float((2 * scores[part] - 1).mean())
+        observed = float((large[part] - small[part]).mean())
+        print(f"  decile {k + 1:2d}: predicted {predicted:+.3f}  observed {observed:+.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", default="/work/shared/data/routellm")
@@ -70,6 +80,7 @@ def main() -> None:
                 results[name][router][metric] = [est.value, est.low, est.high]
                 cells.append(f"{str(est):>24s}")
             print(f"{name:10s} {router:22s} " + " ".join(cells))
+    print_calibration(ours, small, large)
     print(f"\nrows: {len(rows)} (contaminated excluded: {dataset.excluded_contaminated}); "
           f"config: {config.as_dict()}; CV time {cv_s:.0f} s")
     if args.json:

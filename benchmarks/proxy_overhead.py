@@ -13,7 +13,6 @@ reported as saturated instead of run: they would only measure a growing queue.
 
     .venv/bin/python benchmarks/proxy_overhead.py            # ~5 minutes
     .venv/bin/python benchmarks/proxy_overhead.py --quick    # ~1 minute smoke run
-    sudo .venv/bin/python benchmarks/proxy_overhead.py --nice -10   # shielded from other jobs
 
 "Added" = percentile through the proxy minus the same percentile calling the upstream directly.
 """
@@ -240,10 +239,6 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--skip-litellm", action="store_true")
     ap.add_argument("--quick", action="store_true", help="short points (smoke run)")
-    ap.add_argument("--nice", type=int, default=0,
-                    help="niceness for this run and every process it starts (all targets alike); "
-                         "negative values need root and shield the run from other CPU-bound "
-                         "jobs on a shared machine")  # fmt: skip
     a = ap.parse_args()
     if a.loadgen:
         loadgen_main(a.loadgen)
@@ -251,8 +246,6 @@ def main() -> None:
     if a.quick:
         a.duration, a.warmup, a.throughput_seconds = 3.0, 1.0, 3.0
     rates = [float(r) for r in a.rates.split(",")]
-    if a.nice:
-        os.nice(a.nice)  # inherited by the targets and every load-generator process
     tmp = Path(tempfile.mkdtemp(prefix="proxy-overhead-"))
     echo_port, router_port, litellm_port = free_port(), free_port(), free_port()
     echo_url = f"http://127.0.0.1:{echo_port}/v1"

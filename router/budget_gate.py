@@ -1,8 +1,10 @@
 """The request path's one place that talks to the budget store: view, reserve, settle, release.
 
 A request reserves the worst case it could cost on the priciest tier it may reach (its chosen
-tier and that tier's fallbacks), so a fallback never charges more than was reserved. Settling
-charges the actual cost from the upstream's usage; a request that produced nothing releases.
+tier and that tier's fallbacks), so a fallback never charges more than was reserved. When that
+does not fit, pricier fallbacks are dropped, then (budgets.downgrade) a cheaper tier of the policy
+is tried: the request is "downgraded". Settling charges the actual cost from the upstream's
+usage; a request that produced nothing releases.
 """
 
 from __future__ import annotations

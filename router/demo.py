@@ -101,7 +101,7 @@ def run_demo(host: str | None = None, port: int | None = None) -> int:
     if not ok:
         print(f"the demo needs llama.cpp: {why}", file=sys.stderr)
         return 1
-    listen = 8080 if port is None else port
+    listen = 8080 if port is None else port or free_port()  # --port 0: any free port
     config = demo_config(free_port(), free_port(), host or "127.0.0.1", listen)
     # Until uvicorn installs its own handlers, SIGTERM must still unwind into `finally` below.
     signal.signal(signal.SIGTERM, _raise_exit)

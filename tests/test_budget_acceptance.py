@@ -16,9 +16,10 @@ import redis
 import yaml
 
 from backends.echo_upstream import running_echo_upstream
-from policies.budgets import prompt_token_bound, usd_to_nanos
+from policies.budgets import prompt_token_bound, spend_from_ledger, usd_to_nanos
 from policies.keys import hash_key
-from router.config import Price
+from policies.redis_budgets import RedisBudgetStore
+from router.config import BudgetsConfig, Price
 from tests.budget_helpers import (
     REDIS_URL,
     delete_prefix,
@@ -101,6 +102,21 @@ class Ledger:
     def ledger_sum(self, team: str) -> int:
         return sum(int(e["nanos"]) for e in self.entries(team))
 
+    def rebuilt_matches(self, team: str) -> bool:
+        """`cost-router budget audit`'s check: spend rebuilt from the ledger == stored spend."""
+        url = self.r.connection_pool.connection_kwargs
+        cfg = BudgetsConfig(store="redis", key_prefix=self.prefix,
+                            redis_url=f"redis://{url['host']}:{url['port']}/0")
+
+        async def check() -> bool:
+            store = RedisBudgetStore(cfg)
+            try:
+                return spend_from_ledger(await store.ledger(team)) == await store.spend(team)
+            finally:
+                await store.aclose()
+
+        return asyncio.run(check())
+
     def wait_settled(self, teams: list[str], timeout_s: float = 15.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -158,6 +174,7 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
             spent = ledger.spent(team)
             assert spent <= LIMIT_NANOS, (team, spent - LIMIT_NANOS)
             assert spent == ledger.ledger_sum(team) == told[team]
+            assert ledger.rebuilt_matches(team)
             ok = sum(1 for t, r in results if t == team and r.status_code == 200)
             # Even if all of a team's requests reserved at the same instant, this many fit.
             assert ok >= LIMIT_NANOS // worst_nanos(LARGE, body(team, 399)), (team, ok)
@@ -216,6 +233,8 @@ def test_killed_replica_reservations_are_reclaimed_within_the_lease(
         reclaimed_after = time.monotonic() - killed_at
         assert ledger.reserved("t0") == 0 and ledger.open_reservations("t0") == 0
         assert reclaimed_after <= lease_s + 1.5, reclaimed_after
+        print(f"10 reservations ({held} nanos) of the killed replica reclaimed "
+              f"{reclaimed_after:.2f} s after SIGKILL (lease {lease_s} s)")
         assert ledger.spent("t0") == 0  # the dead replica's requests were never charged
         # The whole budget is usable again from the surviving replica.
         ok = 0
@@ -285,6 +304,7 @@ def test_redis_outage_fail_closed_503_fail_open_journal_and_no_double_charge(
                 assert ledger.spent("t1") == told == ledger.ledger_sum("t1")
                 rids = [e["rid"] for e in ledger.entries("t1")]
                 assert len(rids) == len(set(rids)) == 10  # nothing charged twice
+                assert ledger.rebuilt_matches("t1")
 
                 # A second hard restart loses no settled spend.
                 server.kill()

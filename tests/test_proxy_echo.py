@@ -339,3 +339,31 @@ def test_litellm_tier_routes_through_litellm(echo: str, tmp_path: Path) -> None:
                              "stream_options": {"include_usage": True}})  # fmt: skip
             events = _sse_payloads(s.text)
             assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] > 0
+
+
+def test_prompt_is_traced_only_when_configured(echo: str, tmp_path: Path) -> None:
+    for include in (False, True):
+        out = tmp_path / str(include)
+        config = make_config([tier("small", echo)], out, traces={
+            "path": str(out / "requests.jsonl"), "include_prompt": include})  # fmt: skip
+        with ProxyThread(config) as proxy:
+            assert post(proxy, {**CHAT, "model": "small"}).status_code == 200
+            record = proxy.traces(1)[-1]
+        assert (record.get("prompt") is not None) is include
+        if include:
+            assert "hello there" in record["prompt"]
+            assert record["messages"] == CHAT["messages"]
+
+
+def test_timed_out_tier_falls_back(echo: str, tmp_path: Path) -> None:
+    tiers = [
+        tier("small", echo, timeout_s=0.3, fallback=["large"]),
+        tier("large", echo, price=(10, 30)),
+    ]
+    with ProxyThread(make_config(tiers, tmp_path)) as proxy:
+        r = post(proxy, {**CHAT, "model": "small", "echo": {"delay_ms": 800}})
+        assert r.status_code == 200
+        assert r.headers["x-router-tier"] == "large"
+        assert r.headers["x-router-fallback-from"] == "small"
+        r = post(proxy, {**CHAT, "model": "small", "echo": {"delay_ms": 800}, "stream": True})
+        assert r.status_code == 200 and r.headers["x-router-tier"] == "large"

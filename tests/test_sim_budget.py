@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router.config import config_from_dict
+from router.config import RouterConfig, config_from_dict
 from simulations.budget_replay import budget_replay
 from simulations.replay import replay, trace_scores
 from simulations.trace import load_trace
@@ -20,17 +20,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     # 400 requests spread over ~an hour, two teams.
     write_jsonl_trace(path, 400, seed=2, rate_per_s=0.1, start=1_790_000_000.0)
     trace = load_trace([path])
-    base = config_from_dict(sim_config_dict(threshold=0.15), environ={})
-    scores = trace_scores(trace, base)
-    unlimited = replay(base, trace, scores)
+    scores = trace_scores(trace, config_from_dict(sim_config_dict(), environ={}))
+    # Half the requests above the threshold, whatever the shipped model's score scale.
+    threshold = float(np.median(scores))
+    unlimited = replay(_config(1e9, threshold), trace, scores)
     alpha = np.asarray(trace.teams) == "alpha"
     alpha_cost = float(unlimited.cost_usd[alpha].sum())
-    return trace, scores, unlimited, alpha, alpha_cost
+    return trace, scores, unlimited, alpha, alpha_cost, threshold
 
 
-def _config(limit: float, downgrade: bool = True) -> object:
+def _config(limit: float, threshold: float, downgrade: bool = True) -> RouterConfig:
     return config_from_dict(
-        sim_config_dict(threshold=0.15,
+        sim_config_dict(threshold=threshold,
                         teams={"alpha": {"budget": {"limit_usd": limit, "period": "total"}}},
                         budgets={"downgrade": downgrade}),
         environ={},
@@ -38,34 +39,34 @@ def _config(limit: float, downgrade: bool = True) -> object:
 
 
 def test_no_limit_matches_plain_replay(setup: tuple) -> None:
-    trace, scores, unlimited, alpha, alpha_cost = setup
-    tallies = budget_replay(_config(1e9), trace, scores)
+    trace, scores, unlimited, alpha, alpha_cost, t = setup
+    tallies = budget_replay(_config(1e9, t), trace, scores)
     assert tallies["alpha"].spent_usd == pytest.approx(alpha_cost)
     assert tallies["beta"].spent_usd == pytest.approx(unlimited.cost_usd[~alpha].sum())
     assert tallies["alpha"].refused == tallies["alpha"].downgraded == 0
 
 
 def test_tight_budget_downgrades_then_refuses(setup: tuple) -> None:
-    trace, scores, _, alpha, alpha_cost = setup
+    trace, scores, _, alpha, alpha_cost, t = setup
     limit = alpha_cost / 3
-    tallies = budget_replay(_config(limit), trace, scores)
+    tallies = budget_replay(_config(limit, t), trace, scores)
     a = tallies["alpha"]
     assert a.spent_usd <= limit + 1e-12
     assert a.downgraded > 0
     assert a.first_downgrade is not None
     assert a.exhausted_at is None or a.exhausted_at >= a.first_downgrade
     assert tallies["beta"].refused == 0  # beta has no limit
-    strict = budget_replay(_config(limit, downgrade=False), trace, scores)["alpha"]
+    strict = budget_replay(_config(limit, t, downgrade=False), trace, scores)["alpha"]
     assert strict.downgraded == 0 and strict.refused > 0
     assert strict.exhausted_at is not None
     assert strict.requests - strict.refused < a.requests - a.refused  # downgrading serves more
 
 
 def test_pacing_serves_more_requests_within_the_same_budget(setup: tuple) -> None:
-    trace, scores, _, _, alpha_cost = setup
+    trace, scores, _, _, alpha_cost, t = setup
     limit = alpha_cost / 3
-    plain = budget_replay(_config(limit, downgrade=False), trace, scores)["alpha"]
-    paced = budget_replay(_config(limit, downgrade=False), trace, scores,
+    plain = budget_replay(_config(limit, t, downgrade=False), trace, scores)["alpha"]
+    paced = budget_replay(_config(limit, t, downgrade=False), trace, scores,
                           pacing=(1.0, 0.5))["alpha"]
     assert paced.spent_usd <= limit + 1e-12
     assert paced.refused < plain.refused
@@ -75,8 +76,8 @@ def test_pacing_serves_more_requests_within_the_same_budget(setup: tuple) -> Non
 def test_budget_replay_needs_times_and_teams(tmp_path: Path, setup: tuple) -> None:
     from simulations.trace import TraceError
 
-    trace, scores, *_ = setup
+    trace, scores, *_, t = setup
     from dataclasses import replace
 
     with pytest.raises(TraceError, match="record 0 .*'team'"):
-        budget_replay(_config(1.0), replace(trace, teams=None), scores)
+        budget_replay(_config(1.0, t), replace(trace, teams=None), scores)

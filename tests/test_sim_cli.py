@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from router.cli import app
-from router.config import load_config
+from router.config import config_from_dict, load_config
+from simulations.replay import trace_scores
+from simulations.trace import load_trace
 from tests.sim_support import GSM8K, sim_config_dict, write_jsonl_trace
 
 runner = CliRunner()
@@ -73,8 +76,12 @@ def test_simulate_and_budgets(tmp_path: Path) -> None:
 def test_what_if_lists_each_lever_before_combinations(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     write_jsonl_trace(trace, 80, rate_per_s=3)
-    code, out = _run("what-if", "-t", str(trace), "--json", str(tmp_path / "w.json"),
-                     "--chart", str(tmp_path / "lat.png"))
+    # A threshold that routes part of this trace large, whatever the model's score scale.
+    scores = trace_scores(load_trace([trace]), config_from_dict(sim_config_dict(), environ={}))
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(yaml.safe_dump(sim_config_dict(threshold=float(np.median(scores)))))
+    code, out = _run("what-if", "-t", str(trace), "-c", str(cfg), "--json",
+                     str(tmp_path / "w.json"), "--chart", str(tmp_path / "lat.png"))
     assert code == 0, out
     rows = json.loads((tmp_path / "w.json").read_text())
     levers = [r["lever"] for r in rows]

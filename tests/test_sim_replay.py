@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,35 +60,32 @@ def test_empty_trace(tmp_path: Path) -> None:
         load_trace([empty])
 
 
-def test_missing_fields_name_the_line(tmp_path: Path) -> None:
-    path = tmp_path / "t.jsonl"
-    records = write_jsonl_trace(path, 5)
-    del records[3]["prompt"]
+def _trace_with(path: Path, n: int, edit: Callable[[list[dict[str, Any]]], object]) -> Path:
+    """A real n-request trace file after `edit` broke its records."""
+    records = write_jsonl_trace(path, n)
+    edit(records)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_missing_fields_name_the_line(tmp_path: Path) -> None:
+    path = _trace_with(tmp_path / "t.jsonl", 5, lambda r: r[3].pop("prompt"))
     with pytest.raises(TraceError, match=r"t.jsonl: line 4: missing field 'prompt'"):
         load_trace([path])
-    records = write_jsonl_trace(path, 5)
-    del records[2]["outcomes"]["large"]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    path = _trace_with(tmp_path / "t.jsonl", 5, lambda r: r[2]["outcomes"].pop("large"))
     with pytest.raises(TraceError, match=r"line 3: missing field 'outcomes.large'"):
         load_trace([path])
 
 
 def test_missing_completion_tokens_name_the_record(tmp_path: Path) -> None:
-    path = tmp_path / "t.jsonl"
-    records = write_jsonl_trace(path, 4)
-    del records[1]["completion_tokens"]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    path = _trace_with(tmp_path / "t.jsonl", 4, lambda r: r[1].pop("completion_tokens"))
     with pytest.raises(TraceError, match=r"record 1 .*completion_tokens"):
         load_trace([path])
     assert load_trace([path], default_completion_tokens=7).completion_tokens[1, 0] == 7
 
 
 def test_unsorted_timestamps_name_the_record(tmp_path: Path) -> None:
-    path = tmp_path / "t.jsonl"
-    records = write_jsonl_trace(path, 6)
-    records[4]["time"] = records[1]["time"]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    path = _trace_with(tmp_path / "t.jsonl", 6, lambda r: r[4].update(time=r[1]["time"]))
     with pytest.raises(TraceError, match=r"record 4 .*not sorted"):
         load_trace([path]).require_times()
 

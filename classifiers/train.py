@@ -54,6 +54,9 @@ class TrainConfig:
     keep_char: int = 1500
     # Character n-grams cost the most time in onnxruntime; they can be limited to some sides.
     char_sides: tuple[str, ...] = ("mc", "open")
+    # Feature scale of the open-question side: weight w acts like C * w**2 for those weights
+    # (open questions are few and like weaker regularization than multiple-choice ones).
+    open_weight: float = 1.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,8 +90,11 @@ def _vectorizers(config: TrainConfig, vocab: dict[str, list[str]] | None) -> lis
 
 
 def build_pipeline(config: TrainConfig, vocab: dict[str, list[str]] | None = None) -> Pipeline:
+    vectorizers = _vectorizers(config, vocab)
+    weights = {name: config.open_weight for name, _v, col in vectorizers if col == "open_text"}
     features = ColumnTransformer(
-        [*_vectorizers(config, vocab), ("num", StandardScaler(), list(NUMERIC_INPUTS))]
+        [*vectorizers, ("num", StandardScaler(), list(NUMERIC_INPUTS))],
+        transformer_weights=weights or None,
     )
     model = LogisticRegression(C=config.C, max_iter=3000, random_state=config.seed)
     return Pipeline([("features", features), ("model", model)])

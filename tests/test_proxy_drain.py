@@ -22,7 +22,7 @@ CHAT = {"model": "small", "messages": [{"role": "user", "content": "hello"}]}
 
 
 def test_sigterm_drains_in_flight_then_refuses_new(tmp_path: Path) -> None:
-    with running_echo_upstream("--chunks", "10", "--chunk-delay-ms", "100") as echo:
+    with running_echo_upstream("--chunks", "10", "--chunk-delay-ms", "200") as echo:
         port = free_port()
         config = {
             "server": {"port": port, "drain_timeout_s": 10},
@@ -43,7 +43,7 @@ def test_sigterm_drains_in_flight_then_refuses_new(tmp_path: Path) -> None:
             results: dict[str, object] = {}
 
             def slow_plain() -> None:
-                body = {**CHAT, "echo": {"delay_ms": 1200}}
+                body = {**CHAT, "echo": {"delay_ms": 2500}}
                 r = httpx.post(url + "/v1/chat/completions", json=body, timeout=20)
                 results["plain"] = r.status_code
 
@@ -55,7 +55,7 @@ def test_sigterm_drains_in_flight_then_refuses_new(tmp_path: Path) -> None:
             workers = [threading.Thread(target=slow_plain), threading.Thread(target=slow_stream)]
             for w in workers:
                 w.start()
-            time.sleep(0.4)  # both are in flight now
+            time.sleep(0.8)  # both are in flight now (each takes 2+ s upstream)
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             with pytest.raises(httpx.ConnectError):

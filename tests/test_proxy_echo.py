@@ -256,7 +256,8 @@ def test_max_inflight_gives_429_rate_limited_without_fallback(echo: str, tmp_pat
     slow = tier("small", echo, max_inflight=2, queue_timeout_s=0.1)
     config = make_config([slow], tmp_path)
     with ProxyThread(config) as proxy:
-        statuses, codes = asyncio.run(_concurrent(proxy, 6, {"delay_ms": 600}))
+        # 1.5 s upstream answers: all six requests are in before the first two slots free up.
+        statuses, codes = asyncio.run(_concurrent(proxy, 6, {"delay_ms": 1500}))
         assert statuses.count(200) == 2 and statuses.count(429) == 4
         assert set(codes) == {"rate_limited"}
 
@@ -267,7 +268,7 @@ def test_max_inflight_falls_back_to_next_tier(echo: str, tmp_path: Path) -> None
         tier("large", echo, max_inflight=8, price=(10, 30)),
     ]
     with ProxyThread(make_config(tiers, tmp_path)) as proxy:
-        responses = asyncio.run(_concurrent_responses(proxy, 4, {"delay_ms": 400}))
+        responses = asyncio.run(_concurrent_responses(proxy, 4, {"delay_ms": 1000}))
         assert [r.status_code for r in responses] == [200] * 4
         tiers_used = sorted(r.headers["x-router-tier"] for r in responses)
         assert tiers_used == ["large", "large", "large", "small"]

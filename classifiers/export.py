@@ -53,6 +53,11 @@ def to_onnx_bytes(pipeline: Pipeline) -> bytes:
             options=_converter_options(pipeline),
             target_opset=TARGET_OPSET,
         )
+    # skl2onnx collects opset domains in a set, whose order changes with Python's string hashing
+    # from one process to the next; sorting makes the same seed give a byte-identical file.
+    opsets = sorted(model.opset_import, key=lambda o: o.domain)
+    del model.opset_import[:]
+    model.opset_import.extend(opsets)
     return model.SerializeToString()
 
 

@@ -28,8 +28,7 @@ CONTEXT_CHARS = 1000
 TRUNCATION_MARK = " … "
 
 _NUMBER = re.compile(r"\d+")
-_DIGITS = tuple("0123456789")
-_MATH = ("+", "-", "*", "/", "=", "^", "%", "×", "÷", "<", ">", "\\frac", "\\sqrt", "sqrt", "$")
+_MATH = ("+", "-", "*", "/", "=", "^", "%", "×", "÷", "<", ">", "$", "\\frac", "sqrt")
 _CODE = ("```", "def ", "return", "{", "}", ";", "function", "#include", "class ", "import ")
 _OPTION = re.compile(r"(?m)^[ \t]*\(?([A-Ha-h])[.)][ \t]")
 
@@ -133,16 +132,19 @@ def _count(text: str, needles: tuple[str, ...]) -> int:
     return sum(text.count(n) for n in needles)
 
 
-def numeric_features(clean: str) -> list[float]:
+def numeric_features(clean: str, normalized: str | None = None) -> list[float]:
     """Cheap shape features (length, numbers, math/code markers) of already-cleaned text."""
+    if normalized is None:
+        normalized = normalize_text(clean)
     n_chars = len(clean)
-    words = clean.split()
+    # normalize_text joined the words with single spaces: count them without splitting again.
+    n_words = normalized.count(" ") + 1 if normalized else 0
     numbers = _NUMBER.findall(clean)
-    digits = _count(clean, _DIGITS)
+    digits = sum(map(len, numbers))
     biggest = max(map(len, numbers), default=0)
     return [
         math.log1p(n_chars),
-        math.log1p(len(words)),
+        math.log1p(n_words),
         math.log1p(len(numbers)),
         digits / n_chars if n_chars else 0.0,
         math.log1p(_count(clean, _MATH)),
@@ -150,7 +152,7 @@ def numeric_features(clean: str) -> list[float]:
         math.log1p(clean.count("?")),
         math.log1p(clean.count("\n")),
         math.log1p(biggest),
-        (n_chars - clean.count(" ")) / len(words) if words else 0.0,
+        (len(normalized) - n_words + 1) / n_words if n_words else 0.0,
     ]
 
 
@@ -178,7 +180,7 @@ def model_inputs(texts: Iterable[str | bytes]) -> dict[str, Any]:
     for text in texts:
         clean = clean_text(text)
         normalized = normalize_text(clean)
-        values = numeric_features(clean)
+        values = numeric_features(clean, normalized)
         if is_multiple_choice(clean):
             mc_texts.append(normalized)
             open_texts.append("")

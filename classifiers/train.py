@@ -46,17 +46,17 @@ class TrainConfig:
 
     seed: int = 0
     margin: float = 0.0
-    C: float = 0.3
+    C: float = 0.1
     char_ngrams: tuple[int, int] = (3, 5)
     # First-stage vocabulary per vectorizer, and n-grams kept in the final model.
     candidate_features: int = 20000
-    keep_word: int = 1500
-    keep_char: int = 1500
+    keep_word: int = 3000
+    keep_char: int = 3000
     # Character n-grams cost the most time in onnxruntime; they can be limited to some sides.
     char_sides: tuple[str, ...] = ("mc", "open")
     # Feature scale of the open-question side: weight w acts like C * w**2 for those weights
     # (open questions are few and like weaker regularization than multiple-choice ones).
-    open_weight: float = 1.0
+    open_weight: float = 1.73
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,49 @@
+"""Rebuild the shipped model from its metadata and check it: byte-identical ONNX (reproducible
+from the seed) and onnxruntime == scikit-learn on every prompt of the shared data.
+
+    .venv/bin/python benchmarks/classifier_parity.py [--data DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from classifiers.dataset import load_dataset  # noqa: E402
+from classifiers.export import export  # noqa: E402
+from classifiers.inference import DEFAULT_MODEL, DifficultyScorer  # noqa: E402
+from classifiers.train import TrainConfig, fit, frame, metadata_for, predict_scores  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", default="/work/shared/data/routellm")
+    args = parser.parse_args()
+    shipped = json.loads(DEFAULT_MODEL.with_suffix(".json").read_text())
+    saved = dict(shipped["train_config"])
+    saved["char_ngrams"] = tuple(saved["char_ngrams"])
+    saved["char_sides"] = tuple(saved["char_sides"])
+    config = TrainConfig(**saved)
+    dataset = load_dataset(args.data)
+    pipeline = fit(dataset, config)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        export(pipeline, path, metadata_for(dataset, config, pipeline, [Path(args.data)]))
+        identical = path.read_bytes() == DEFAULT_MODEL.read_bytes()
+    onnx_scores = DifficultyScorer.load(None).score_texts(dataset.prompts)
+    sk_scores = predict_scores(pipeline, frame(dataset.prompts))
+    diff = np.abs(onnx_scores - sk_scores)
+    print(f"rebuilt model byte-identical to shipped: {identical}")
+    print(f"prompts compared: {len(diff)}; max |onnx - sklearn| = {diff.max():.3g}; "
+          f"over 1e-5: {(diff > 1e-5).sum()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -126,6 +126,14 @@ def eval_cmd(
         for router, metrics in result.items():
             table.add_row(name, router, *(str(v) for v in metrics.values()))
     Console().print(table)
+    trained_on = [Path(p).resolve() for p in scorer.metadata.get("data", [])]
+    given = [p.resolve() for p in data]
+    if any(g == t or t in g.parents for g in given for t in trained_on):
+        typer.echo(
+            "note: the model was trained on this data, so these figures are in-sample; "
+            "benchmarks/classifier_quality.py gives cross-validated ones.",
+            err=True,
+        )
 
 
 def _scorer(model: Path | None):  # noqa: ANN202

@@ -111,7 +111,8 @@ class DifficultyScorer:
                 f"model gives {probabilities.shape[1]} classes, metadata names "
                 f"{len(self._class_values)} class values"
             )
-        return probabilities @ self._class_values
+        # float32 probabilities can sum to 1 + 1e-7; traces require scores within [0, 1].
+        return np.clip(probabilities @ self._class_values, 0.0, 1.0)
 
 
 def _metadata(model_path: Path) -> dict[str, Any]:

@@ -190,7 +190,11 @@ def metadata_for(
     dataset: RoutingDataset, config: TrainConfig, pipeline: Pipeline, data: list[Path]
 ) -> dict[str, Any]:
     rows, labels = training_rows(dataset, config.margin)
+    scores = predict_scores(pipeline, frame([dataset.prompts[i] for i in rows]))
     return {
+        # Read by policies.registry when a policy names no threshold: the median training score,
+        # i.e. about half of training-like traffic goes to the large tier.
+        "default_threshold": round(float(np.median(scores)), 4),
         "train_config": config.as_dict(),
         "label": "expected gain of the large model: classes large worse/tie/better "
         f"(outcome difference beyond margin {config.margin})",

@@ -30,6 +30,15 @@ PROMPTS = [
 ]
 
 
+def _routed_threshold() -> float:
+    # The routed arm must send only the hardest prompt large whatever the shipped model's score
+    # scale is (a clear cost gap between arms), so its threshold sits just below the top score.
+    from classifiers.inference import DifficultyScorer
+
+    scores = sorted(DifficultyScorer.load(None).score_texts(PROMPTS).tolist())
+    return float((scores[-2] + scores[-1]) / 2)
+
+
 def _config(small: str, large: str, traces: Path, with_experiment: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "tiers": [tier("small", small, price=(0.6, 0.6)), tier("large", large, price=(10, 30))],
@@ -38,7 +47,7 @@ def _config(small: str, large: str, traces: Path, with_experiment: bool) -> dict
         "default_policy": "current",
         "policies": {
             "current": {"type": "fixed", "tier": "large"},
-            "routed": {"type": "threshold", "threshold": 0.17},
+            "routed": {"type": "threshold", "threshold": _routed_threshold()},
         },
     }
     if with_experiment:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import random
 import signal
 import socket
@@ -34,8 +33,9 @@ import yaml
 from openai import OpenAI
 
 from backends.echo_upstream import running_echo_upstream
+from classifiers.dataset import routellm_data_dir
 
-DATA = Path(os.environ.get("ROUTELLM_DATA", "/work/shared/data/routellm")) / "gsm8k"
+DATA = routellm_data_dir() / "gsm8k"
 SMALL_MODEL, LARGE_MODEL = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from classifiers.dataset import load_dataset
+from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.evaluate import apgr
 from classifiers.export import export
 from classifiers.train import TrainConfig, fit
@@ -28,7 +28,7 @@ from simulations.sweep import default_thresholds
 from simulations.trace import from_dataset
 from simulations.tune import Target, tune
 
-DATA = Path("/work/shared/data/routellm")
+DATA = routellm_data_dir()
 
 
 def _row(name: str, config: object, trace: object, seed: int) -> str:

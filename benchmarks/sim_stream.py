@@ -20,11 +20,12 @@ from pathlib import Path
 
 import yaml
 
+from classifiers.dataset import routellm_data_dir
 from simulations.sim_config import SIMULATOR_DEFAULTS
 from simulations.synth import SynthSpec, pool_from_trace, write_synthetic
 from simulations.trace import load_trace
 
-DATA = Path("/work/shared/data/routellm")
+DATA = routellm_data_dir()
 CLI = Path(sys.executable).with_name("cost-router")
 
 

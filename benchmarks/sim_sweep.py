@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from classifiers.dataset import routellm_data_dir
 from classifiers.evaluate import apgr
 from policies.threshold import ThresholdPolicy
 from router.config import config_from_dict
@@ -29,7 +30,7 @@ from simulations.synth import SynthSpec, pool_from_trace, write_synthetic
 from simulations.trace import load_trace
 from simulations.tune import Target, tune
 
-DATA = Path("/work/shared/data/routellm")
+DATA = routellm_data_dir()
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -28,11 +29,21 @@ DEFAULT_LARGE = "gpt-4-1106-preview"
 DEFAULT_TRACE_SMALL = "small"
 DEFAULT_TRACE_LARGE = "large"
 CONTAMINATION_FILE = "contaminated_prompts.jsonl"
+DATA_ENV = "COST_ROUTER_DATA"
 
 _TRUE = {"true", "t", "yes", "y"}
 _FALSE = {"false", "f", "no", "n"}
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+
+def routellm_data_dir() -> Path:
+    """Where the shared RouteLLM outcome data lives: $COST_ROUTER_DATA, else ../shared beside the
+    checkout (how the development and CI machines lay it out), else /work/shared."""
+    if env := os.environ.get(DATA_ENV):
+        return Path(env)
+    beside = Path(__file__).resolve().parents[2] / "shared" / "data" / "routellm"
+    return beside if beside.is_dir() else Path("/work/shared/data/routellm")
 
 
 class DatasetError(ValueError):

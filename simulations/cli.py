@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from classifiers.dataset import routellm_data_dir
+
 TRACES = typer.Option(
     ..., "--traces", "-t", help="trace files/folders: JSONL, RouteLLM CSV, Parquet"
 )
@@ -258,7 +260,7 @@ def synth_command(
     out: Path = typer.Option(..., "--out", "-o", help="Parquet file to write"),
     rows: int = typer.Option(1_000_000, "--rows", "-n", min=1),
     source: list[Path] = typer.Option(
-        [Path("/work/shared/data/routellm")], "--from", help="prompt pool: CSV/JSONL traces"
+        [routellm_data_dir()], "--from", help="prompt pool: CSV/JSONL traces"
     ),
     rate: float = typer.Option(50.0, "--rate", help="mean requests per second"),
     teams: int = typer.Option(20, "--teams", min=1),

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from classifiers.dataset import load_dataset
+from classifiers.dataset import load_dataset, routellm_data_dir
 from simulations.sim_config import SIMULATOR_DEFAULTS
 
-GSM8K = Path("/work/shared/data/routellm/gsm8k/gsm8k_responses.csv")
+GSM8K = routellm_data_dir() / "gsm8k" / "gsm8k_responses.csv"
 PRICES = {"small": (0.6, 0.6), "large": (10.0, 30.0)}
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from classifiers.dataset import load_dataset
+from classifiers.dataset import load_dataset, routellm_data_dir
 from router.cli import app
 
-DATA = Path("/work/shared/data/routellm")
+DATA = routellm_data_dir()
 runner = CliRunner()
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from classifiers.dataset import DatasetError, load_dataset
+from classifiers.dataset import DatasetError, load_dataset, routellm_data_dir
 
-DATA = Path("/work/shared/data/routellm")
+DATA = routellm_data_dir()
 
 
 def test_routellm_folder_drops_contaminated_and_names_benchmarks() -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from classifiers.dataset import load_dataset
+from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.export import export
 from classifiers.inference import DifficultyScorer, ModelLoadError
 from classifiers.train import TrainConfig, fit, frame, predict_scores
 
-DATA = Path("/work/shared/data/routellm")
+DATA = routellm_data_dir()
 ODD_TEXTS = [
     "",
     "   ",

@@ -1,9 +1,10 @@
 """Backend for any OpenAI-compatible HTTP server (vLLM, llama.cpp server, TGI, SGLang).
 
-One pooled ``httpx.AsyncClient`` per tier, created once, on aiohttp's transport. Only failures to
-connect are retried (a request the upstream may already be running is never sent twice); read
-timeouts and 5xx become ``UpstreamError`` (the tier may fall back) and 4xx become
-``UpstreamClientError`` (returned to the client as is).
+One pooled ``httpx.AsyncClient`` per tier, created once, on aiohttp's transport; completions go
+straight to that transport (see ``_post``). Only failures to connect are retried (a request the
+upstream may already be running is never sent twice); read timeouts and 5xx become
+``UpstreamError`` (the tier may fall back) and 4xx become ``UpstreamClientError`` (returned to
+the client as is).
 """
 
 from __future__ import annotations
@@ -97,26 +98,33 @@ class OpenAIHTTPBackend:
         self._headers = httpx.Headers(headers)
         self._urls = {e: httpx.URL(f"{self.base_url}/{e}") for e in ENDPOINTS}
         self._extensions = {"timeout": timeout.as_dict()}
+        # aiohttp under the httpx API: about half the CPU per request of httpx's own
+        # transport, which matters for a proxy (docs/benchmarks.md, "Proxy overhead").
+        self._transport = transport or AiohttpTransport(limits=limits)
+        # The client owns the transport (closes it) and serves ready(); the hot path skips it.
         self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=timeout,
-            # aiohttp under the httpx API: about half the CPU per request of httpx's own
-            # transport, which matters for a proxy (docs/benchmarks.md, "Proxy overhead").
-            transport=transport or AiohttpTransport(limits=limits),
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=self._transport
         )
 
-    async def _send(self, request: httpx.Request, stream: bool) -> httpx.Response:
+    async def _send(self, request: httpx.Request) -> httpx.Response:
         """Send, retrying only when the connection itself failed (never a request the upstream
         may have started)."""
         for attempt in range(self.retries + 1):
             try:
-                return await self._client.send(request, stream=stream)
+                return await self._post(request)
             except httpx.HTTPError as exc:
                 if attempt == self.retries or not _connect_failed(exc):
                     raise UpstreamError(self.tier, _describe(exc)) from exc
                 await asyncio.sleep(0.05 * 2**attempt)
         raise AssertionError("unreachable")
+
+    async def _post(self, request: httpx.Request) -> httpx.Response:
+        """Straight to the transport: the client's auth, redirect and cookie-jar layers do
+        nothing for a POST to an upstream we configured, yet cost a tenth of the proxy's CPU
+        per request (extracting cookies from every response). The body is read by the caller."""
+        response = await self._transport.handle_async_request(request)
+        response.request = request
+        return response
 
     def _request(self, endpoint: str, body: dict[str, Any]) -> httpx.Request:
         # Built directly from pre-parsed parts: client.build_request re-parses and merges the
@@ -126,7 +134,7 @@ class OpenAIHTTPBackend:
                              extensions=self._extensions)  # fmt: skip
 
     async def complete(self, endpoint: str, body: dict[str, Any]) -> UpstreamResponse:
-        resp = await self._send(self._request(endpoint, body), stream=True)
+        resp = await self._send(self._request(endpoint, body))
         try:
             raw = await resp.aread()
         except httpx.HTTPError as exc:
@@ -153,7 +161,7 @@ class OpenAIHTTPBackend:
     async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
         """Raw SSE bytes as they arrive. Errors before the first byte raise, so callers can fall
         back; closing this generator (client gone) closes the upstream connection."""
-        resp = await self._send(self._request(endpoint, body), stream=True)
+        resp = await self._send(self._request(endpoint, body))
         try:
             if resp.status_code >= 400:
                 self._check_status(resp, await resp.aread())

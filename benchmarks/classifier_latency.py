@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from classifiers.dataset import routellm_data_dir
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from classifiers.bench import run_bench  # noqa: E402
@@ -20,7 +22,7 @@ from classifiers.bench import run_bench  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", default="/work/shared/data/routellm")
+    parser.add_argument("--data", default=str(routellm_data_dir()))
     parser.add_argument("--model", default=None)
     parser.add_argument("--queries", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=8000)

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from classifiers.dataset import load_dataset  # noqa: E402
+from classifiers.dataset import load_dataset, routellm_data_dir  # noqa: E402
 from classifiers.export import export  # noqa: E402
 from classifiers.inference import DEFAULT_MODEL, DifficultyScorer  # noqa: E402
 from classifiers.train import TrainConfig, fit, frame, metadata_for, predict_scores  # noqa: E402
@@ -24,7 +24,7 @@ from classifiers.train import TrainConfig, fit, frame, metadata_for, predict_sco
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", default="/work/shared/data/routellm")
+    parser.add_argument("--data", default=str(routellm_data_dir()))
     args = parser.parse_args()
     shipped = json.loads(DEFAULT_MODEL.with_suffix(".json").read_text())
     saved = dict(shipped["train_config"])

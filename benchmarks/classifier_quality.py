@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from classifiers.dataset import routellm_data_dir
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from classifiers.dataset import load_dataset  # noqa: E402
@@ -48,7 +50,7 @@ def print_calibration(scores: np.ndarray, small: np.ndarray, large: np.ndarray) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", default="/work/shared/data/routellm")
+    parser.add_argument("--data", default=str(routellm_data_dir()))
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1000, help="bootstrap resamples")

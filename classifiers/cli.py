@@ -13,6 +13,8 @@ from typing import TextIO
 
 import typer
 
+from classifiers.dataset import routellm_data_dir
+
 classifier_app = typer.Typer(no_args_is_help=True)
 
 DATA_HELP = "RouteLLM-style CSV files/folders and/or JSONL trace files"
@@ -186,7 +188,7 @@ def score_cmd(
 @classifier_app.command("bench")
 def bench_cmd(
     data: Path = typer.Option(
-        Path("/work/shared/data/routellm"), "--data", help="prompts to time (CSV folder/file)"
+        routellm_data_dir(), "--data", help="prompts to time (CSV folder/file)"
     ),
     model: Path | None = typer.Option(None, "--model", "-m", help=".onnx (default: shipped)"),
     queries: int = typer.Option(2000, help="single-query calls to time"),

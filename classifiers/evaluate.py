@@ -1,6 +1,6 @@
 """Routing quality of a score: AUC, APGR, CPT(50%), CPT(80%), bootstrap intervals, random baseline.
 
-RouteLLM's definitions (arXiv 2406.18665; /work/shared/data/routellm/README.md): sort prompts by
+RouteLLM's definitions (arXiv 2406.18665; the shared data's README.md): sort prompts by
 score, send the top fraction c to the large model and the rest to the small one; quality(c) is the
 mean outcome of the model each prompt went to; PGR(c) = (quality(c) - small) / (large - small);
 APGR is the area under PGR over c in [0, 1] (every c = k/n, trapezoids); CPT(x) is the smallest c

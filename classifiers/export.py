@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 from skl2onnx import to_onnx
-from skl2onnx.common.data_types import FloatTensorType, StringTensorType
-from sklearn.feature_extraction.text import TfidfVectorizer
+from skl2onnx.common.data_types import FloatTensorType, Int64TensorType
 from sklearn.pipeline import Pipeline
 
 from classifiers.features import MODEL_INPUTS, NUMERIC_INPUTS, TEXT_INPUTS
+from classifiers.id_converter import register
 from classifiers.train import class_values
 
-# RE2 equivalent of train.WORD_PATTERN; onnxruntime's tokenizer is RE2 and has no `(?u)`.
-RE2_WORD_PATTERN = r"[\p{L}\p{N}_]{2,}"
-# Text is lowercased in classifiers.features, so the graph never changes case; the locale is
-# still required by the converter's StringNormalizer and en_US.UTF-8 is missing on slim images.
-LOCALE = "C.UTF-8"
 TARGET_OPSET = 18
 OUTPUT = "probabilities"
 
@@ -29,30 +23,25 @@ def metadata_path(model_path: str | Path) -> Path:
     return Path(model_path).with_suffix(".json")
 
 
-def _converter_options(pipeline: Pipeline) -> dict[int, dict[str, Any]]:
-    options: dict[int, dict[str, Any]] = {id(pipeline.steps[-1][1]): {"zipmap": False}}
-    for _name, transformer, _cols in pipeline.named_steps["features"].transformers_:
-        if isinstance(transformer, TfidfVectorizer):
-            opts: dict[str, Any] = {"locale": LOCALE}
-            if transformer.analyzer == "word":
-                opts["tokenexp"] = RE2_WORD_PATTERN
-            options[id(transformer)] = opts
-    return options
-
-
 def to_onnx_bytes(pipeline: Pipeline) -> bytes:
-    inputs: list[tuple[str, Any]] = [(name, StringTensorType([None, 1])) for name in TEXT_INPUTS]
+    # Text columns arrive as character ids (classifiers.features.char_ids), [rows, width]. They are
+    # declared [rows, 1] so that skl2onnx's ColumnTransformer hands each one whole to its
+    # vectorizers (it slices inputs wider than the columns it selects); widened below.
+    register()
+    inputs: list[tuple[str, Any]] = [(name, Int64TensorType([None, 1])) for name in TEXT_INPUTS]
     inputs += [(name, FloatTensorType([None, 1])) for name in NUMERIC_INPUTS]
-    with warnings.catch_warnings():
-        # skl2onnx warns that analyzer="char" "may not work": the parity test checks it does,
-        # given the whitespace collapsing done in classifiers.features.
-        warnings.filterwarnings("ignore", message="The conversion of CountVectorizer")
-        model = to_onnx(
-            pipeline,
-            initial_types=inputs,
-            options=_converter_options(pipeline),
-            target_opset=TARGET_OPSET,
-        )
+    model = to_onnx(
+        pipeline,
+        initial_types=inputs,
+        options={id(pipeline.steps[-1][1]): {"zipmap": False}},
+        target_opset=TARGET_OPSET,
+    )
+    for graph_input in model.graph.input:
+        if graph_input.name in TEXT_INPUTS:
+            width = graph_input.type.tensor_type.shape.dim[1]
+            width.ClearField("dim_value")
+            width.dim_param = "chars"
+    del model.graph.value_info[:]
     # skl2onnx collects opset domains in a set, whose order changes with Python's string hashing
     # from one process to the next; sorting makes the same seed give a byte-identical file.
     opsets = sorted(model.opset_import, key=lambda o: o.domain)

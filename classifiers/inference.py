@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from classifiers.features import MODEL_INPUTS, TEXT_INPUTS, model_inputs, request_text
+from classifiers.features import (
+    MODEL_INPUTS,
+    TEXT_INPUTS,
+    char_ids,
+    clean_text,
+    is_multiple_choice,
+    model_inputs,
+    request_text,
+)
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "default" / "model.onnx"
 # Rows per onnxruntime call: the graph builds a dense [rows, vocabulary] matrix, so chunks keep
@@ -55,6 +63,8 @@ class DifficultyScorer:
         # Score = class probabilities @ class values (binary models: P(class 1)).
         values = metadata.get("class_values", [0.0, 1.0])
         self._class_values = np.asarray(values, dtype=np.float32)
+        # Current models take text as character ids; models exported before that take strings.
+        self._ids = {i.name: i.type == "tensor(int64)" for i in session.get_inputs()}
 
     @classmethod
     def load(cls, path: str | Path | None = None, threads: int = 1) -> DifficultyScorer:
@@ -92,16 +102,27 @@ class DifficultyScorer:
     def score_texts(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Scores in [0, 1] for raw prompt texts, in order (float64 array)."""
         scores = np.empty(len(texts), dtype=np.float64)
+        if len(texts) <= BATCH_ROWS:
+            if len(texts):
+                scores[:] = self._run(texts)
+            return scores
+        # Each text input is padded to its chunk's longest prompt, and a prompt fills only one of
+        # the two (multiple-choice or open): chunks of one kind and similar lengths waste little.
+        kinds = [is_multiple_choice(clean_text(t)) for t in texts]
+        lengths = np.fromiter(map(len, texts), np.int64, len(texts))
+        order = np.lexsort((lengths, np.asarray(kinds, dtype=bool)))
         for start in range(0, len(texts), BATCH_ROWS):
-            chunk = texts[start : start + BATCH_ROWS]
-            scores[start : start + len(chunk)] = self._run(chunk)
+            rows = order[start : start + BATCH_ROWS]
+            scores[rows] = self._run([texts[i] for i in rows])
         return scores
 
     def _run(self, texts: Sequence[str | bytes]) -> np.ndarray:
         columns = model_inputs(texts)
         feed: dict[str, np.ndarray] = {}
         for name, values in columns.items():
-            if name in TEXT_INPUTS:
+            if name in TEXT_INPUTS and self._ids.get(name):
+                feed[name] = char_ids(values)
+            elif name in TEXT_INPUTS:
                 feed[name] = np.asarray(values, dtype=object).reshape(-1, 1)
             else:
                 feed[name] = values.reshape(-1, 1)

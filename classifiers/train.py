@@ -32,8 +32,8 @@ from classifiers.dataset import RoutingDataset
 from classifiers.features import NUMERIC_INPUTS, model_inputs
 from classifiers.labels import gain_class, known
 
-# Words of 2+ letters/digits. The same pattern is given to the ONNX tokenizer (RE2 syntax) in
-# export.py; scikit-learn's default pattern tokenizes ~0.2% of prompts differently from RE2.
+# Words: maximal runs of 2+ word characters. classifiers.id_converter reproduces exactly this
+# pattern in the ONNX graph from character ids (word boundaries = non-word characters).
 WORD_PATTERN = r"(?u)\w{2,}"
 CLASS_VALUES = {-1: 0.0, 0: 0.5, 1: 1.0}
 

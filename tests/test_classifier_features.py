@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
+
 from classifiers.features import (
     CONTEXT_CHARS,
     HEAD_CHARS,
+    PAD_ID,
     TAIL_CHARS,
+    char_id,
+    char_ids,
     clean_text,
     is_multiple_choice,
     model_inputs,
@@ -88,3 +95,19 @@ def test_multiple_choice_gate() -> None:
     assert cols["open_text"][1] and not cols["mc_text"][1]
     assert cols["is_mc"].tolist() == [1.0, 0.0]
     assert cols["mc_log_numbers"][1] == 0.0 and cols["open_log_numbers"][1] > 0
+
+
+def test_char_ids_mark_word_characters_as_python_re_does() -> None:
+    # The graph finds word boundaries from the sign of a character id; scikit-learn's token
+    # pattern uses Python's `\w`. They must agree on every kind of character, BMP or not.
+    sample = "aZ_09 ,.!?-\t½²é中ـ\u0301\u200b𝐀𠀀😀\x00"
+    for char in sample:
+        assert (char_id(char) >= 0) == bool(re.match(r"\w", char)), repr(char)
+    ids = char_ids(["ab c", "", "𝐀!"])
+    assert ids.shape == (3, 4) and ids.dtype == np.int64
+    assert ids[0].tolist() == [97, 98, char_id(" "), 99]
+    assert (ids[1] == PAD_ID).all()
+    assert ids[2].tolist() == [ord("𝐀"), char_id("!"), PAD_ID, PAD_ID]
+    # PAD is no character: every non-word character maps below it.
+    assert char_id("\x00") < PAD_ID
+    assert char_ids(["", ""]).shape == (2, 1)

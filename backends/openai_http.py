@@ -162,14 +162,22 @@ class OpenAIHTTPBackend:
         """Raw SSE bytes as they arrive. Errors before the first byte raise, so callers can fall
         back; closing this generator (client gone) closes the upstream connection."""
         resp = await self._send(self._request(endpoint, body))
+        # The transport's byte stream, iterated and closed here rather than through
+        # resp.aiter_raw(): that wrapper is a second async generator that nothing closes when
+        # the relay stops at [DONE], and the event loop's finalizer for each such generator
+        # costs a cross-thread wake-up and an extra task per stream.
+        chunks = resp.stream.__aiter__()
         try:
             if resp.status_code >= 400:
                 self._check_status(resp, await resp.aread())
-            async for chunk in resp.aiter_raw():
+            async for chunk in chunks:
                 yield chunk
         except httpx.HTTPError as exc:
             raise UpstreamError(self.tier, _describe(exc)) from exc
         finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
             await resp.aclose()
 
     async def ready(self) -> tuple[bool, str]:

@@ -30,7 +30,7 @@ from router.errors import RouterError, error_response, json_response
 from router.schemas import validate_body
 from router.state import RouterState
 from router.stream_relay import StreamMeter, relay
-from router.streaming import RelayResponse, until_disconnect
+from router.streaming import DisconnectWatch, RelayResponse, until_disconnect
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,20 @@ async def start_stream(
     state: RouterState, request: Request, call: Call, body: dict[str, Any], chain: list[TierConfig]
 ) -> Response:
     """Open the first tier that yields a first byte; only then commit to a 200 stream, so a tier
-    that fails before answering still falls back."""
+    that fails before answering still falls back. One disconnect watch covers the wait for the
+    first byte and then the relay (the response takes it over)."""
+    watch = DisconnectWatch(request.receive)
+    try:
+        return await _open_stream(state, call, body, chain, watch)
+    except BaseException:
+        watch.close()
+        raise
+
+
+async def _open_stream(
+    state: RouterState, call: Call, body: dict[str, Any], chain: list[TierConfig],
+    watch: DisconnectWatch,
+) -> Response:  # fmt: skip
     attempts = _Attempts()
     for tier in chain:
         limiter = state.limiters[tier.name]
@@ -357,7 +370,7 @@ async def start_stream(
         t0 = time.perf_counter()
         upstream = state.backends[tier.name].stream(call.endpoint, upstream_body(body, tier, True))
         try:
-            first = await until_disconnect(request, _first_bytes(upstream, tier), ClientGone)
+            first = await watch.guard(_first_bytes(upstream, tier), ClientGone)
         except UpstreamError as exc:
             limiter.release()
             log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
@@ -373,7 +386,7 @@ async def start_stream(
         want = bool((body.get("stream_options") or {}).get("include_usage"))
         meter = StreamMeter(request=body, want_usage=want)
         parts = _client_stream(state, call, tier, upstream, first, meter, limiter.release)
-        return RelayResponse(parts, headers=call.headers())
+        return RelayResponse(parts, headers=call.headers(), watch=watch)
     raise attempts.error()
 
 
@@ -392,7 +405,7 @@ async def _client_stream(
     first: bytes,
     meter: StreamMeter,
     release: Callable[[], None],
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[tuple[bytes, bool]]:
     def cost_of(usage: Usage) -> float:
         return tier.price.cost(usage.prompt_tokens, usage.completion_tokens)
 

@@ -26,46 +26,45 @@ DONE = b"[DONE]"
 
 @dataclass(slots=True)
 class StreamMeter:
+    """What the relay learns from a stream: the model, the reported usage, errors.
+
+    Content chunks are kept as raw bytes and parsed only when the upstream reported no usage
+    (their text is then counted): upstreams that report usage, as vLLM and OpenAI do, cost one
+    JSON parse per stream instead of one per token."""
+
     request: dict[str, Any]
     want_usage: bool
     usage: Usage | None = None  # as reported by the upstream
     usage_chunk: dict[str, Any] | None = None
-    last_chunk: dict[str, Any] | None = None
+    last_data: bytes | None = None  # the last forwarded JSON event, raw
     model: str | None = None
-    texts: list[str] = field(default_factory=list)
+    contents: list[bytes] = field(default_factory=list)  # forwarded JSON events, raw
     done: bool = False
     error: str | None = None
 
     def observe(self, obj: dict[str, Any]) -> bool:
-        """Record one JSON event; True when it is a usage-only chunk (held back)."""
+        """Record one parsed JSON event; True when it is a usage-only chunk (held back)."""
         if self.model is None and isinstance(obj.get("model"), str):
             self.model = obj["model"]
-        choices = obj.get("choices")
-        for choice in choices or ():
-            if isinstance(choice, dict):
-                delta = choice.get("delta")
-                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-                if isinstance(text, str):
-                    self.texts.append(text)
         usage = obj.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             prompt = int(usage.get("prompt_tokens") or 0)
             self.usage = Usage(prompt, usage["completion_tokens"], True)
-            if not choices:
+            if not obj.get("choices"):
                 self.usage_chunk = obj
                 return True
-        self.last_chunk = obj
         return False
 
     def final_usage(self) -> Usage:
         if self.usage is not None:
             return self.usage
-        return Usage(count_prompt_tokens(self.request), count_tokens("".join(self.texts)), False)
+        completion = count_tokens("".join(_texts(self.contents)))
+        return Usage(count_prompt_tokens(self.request), completion, False)
 
     def usage_event(self, usage: Usage, cost_usd: float) -> bytes:
         base = self.usage_chunk or {
-            k: v for k, v in (self.last_chunk or {}).items() if k in ("id", "object", "created",
-                                                                    "model")
+            k: v for k, v in _parsed(self.last_data).items() if k in ("id", "object", "created",
+                                                                      "model")
         }
         payload = {
             **base,
@@ -81,7 +80,43 @@ class StreamMeter:
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Complete SSE events (each with its blank line), and the incomplete rest."""
+    if b"\r" not in buffer:  # the usual case: one split in C instead of a regex per event
+        parts = buffer.split(b"\n\n")
+        rest = parts.pop()
+        return [part + b"\n\n" for part in parts], rest
+    events = []
+    while (m := EVENT_END.search(buffer)) is not None:
+        events.append(buffer[: m.end()])
+        buffer = buffer[m.end() :]
+    return events, buffer
+
+
+def _parsed(data: bytes | None) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data) if data else None
+    except orjson.JSONDecodeError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _texts(contents: list[bytes]) -> list[str]:
+    """The generated text of chat (delta.content) or completions (text) chunks, in order."""
+    texts: list[str] = []
+    for data in contents:
+        for choice in _parsed(data).get("choices") or ():
+            if isinstance(choice, dict):
+                delta = choice.get("delta")
+                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+    return texts
+
+
 def _data_of(event: bytes) -> bytes | None:
+    if event.startswith(b"data: ") and event.count(b"\n") <= 2:  # one data line: the usual case
+        return event[6:].rstrip(b"\r\n")
     lines = [ln[5:].lstrip() for ln in event.splitlines() if ln.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
 
@@ -96,33 +131,37 @@ async def relay(
     rest: AsyncIterator[bytes],
     meter: StreamMeter,
     cost_of: Callable[[Usage], float],
-) -> AsyncIterator[bytes]:
-    """Yield client bytes. Ends normally after [DONE]; an upstream failure mid-stream becomes an
-    SSE error event (headers are long gone, so no status can change) and sets meter.error."""
+) -> AsyncIterator[tuple[bytes, bool]]:
+    """Yield (client bytes, is the last part). Ends after [DONE]; an upstream failure mid-stream
+    becomes an SSE error event (headers are long gone, so no status can change) and sets
+    meter.error.
+
+    The end of the stream (the rest of the events, the usage chunk, ``[DONE]``) goes out as one
+    part flagged last, so the response can end in the same socket write: every write wakes the
+    client, and an upstream that answers fast usually sends the whole stream in one read."""
     buffer = first
     try:
         while True:
-            out: list[bytes] = []
-            while (m := EVENT_END.search(buffer)) is not None:
-                event, buffer = buffer[: m.end()], buffer[m.end() :]
-                if _forward(event, meter):
-                    out.append(event)
-            if out:
-                yield b"".join(out)
+            events, buffer = split_events(buffer)
+            out = [event for event in events if _forward(event, meter)]
             if meter.done:
                 break
+            if out:
+                yield b"".join(out), False
             try:
                 buffer += await anext(rest)
             except StopAsyncIteration:
+                out = []
                 break
     except (UpstreamError, UpstreamClientError) as exc:
         meter.error = "upstream_error"
-        yield error_event("upstream_error", f"upstream failed mid-stream: {exc}")
+        yield error_event("upstream_error", f"upstream failed mid-stream: {exc}"), True
         return
     usage = meter.final_usage()
     if meter.want_usage:
-        yield meter.usage_event(usage, cost_of(usage))
-    yield b"data: [DONE]\n\n"
+        out.append(meter.usage_event(usage, cost_of(usage)))
+    out.append(b"data: [DONE]\n\n")
+    yield b"".join(out), True
 
 
 def _forward(event: bytes, meter: StreamMeter) -> bool:
@@ -132,6 +171,10 @@ def _forward(event: bytes, meter: StreamMeter) -> bool:
     if data == DONE:
         meter.done = True
         return False
+    if meter.model is not None and not _worth_parsing(data):
+        meter.contents.append(data)  # a content chunk: parsed later only if usage never comes
+        meter.last_data = data
+        return True
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -141,4 +184,16 @@ def _forward(event: bytes, meter: StreamMeter) -> bool:
     if "error" in obj:
         meter.error = "upstream_error"
         return True
-    return not meter.observe(obj)
+    if meter.observe(obj):
+        return False
+    meter.contents.append(data)
+    meter.last_data = data
+    return True
+
+
+def _worth_parsing(data: bytes) -> bool:
+    """Might this event carry usage or an error? (A quote inside generated text is escaped, so
+    the keys are only found where they are keys; a false positive only costs a parse.)"""
+    if b'"error"' in data:
+        return True
+    return b'"usage"' in data and b'"usage":null' not in data and b'"usage": null' not in data

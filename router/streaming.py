@@ -57,40 +57,58 @@ class DisconnectWatch:
         self._active = False
         self._watch.cancel()
 
+    async def guard(self, work: Awaitable[T], gone: type[Exception]) -> T:
+        """Await `work`; if the client disconnects first, cancel it and raise `gone`."""
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not self.fired:
+                raise  # a real cancellation (shutdown): not ours to absorb
+            self.absorb()
+            raise gone() from None
+
 
 async def until_disconnect(request: Request, work: Awaitable[T], gone: type[Exception]) -> T:
     """Await `work`; if the client disconnects first, cancel it and raise `gone`."""
     watch = DisconnectWatch(request.receive)
     try:
-        return await work
-    except asyncio.CancelledError:
-        if not watch.fired:
-            raise  # a real cancellation (shutdown): not ours to absorb
-        watch.absorb()
-        raise gone() from None
+        return await watch.guard(work, gone)
     finally:
         watch.close()
 
 
 class RelayResponse(Response):
-    """An SSE response that stops its body iterator as soon as the client disconnects."""
+    """An SSE response that stops its body iterator as soon as the client disconnects.
+
+    `parts` yields (bytes, is the last part): the last one ends the response in the same write.
+    `watch` is the request's disconnect watch when the caller already has one running (it
+    waited for the upstream's first bytes under it); the response takes it over and closes it."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, parts: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        parts: AsyncIterator[tuple[bytes, bool]],
+        headers: Mapping[str, str],
+        watch: DisconnectWatch | None = None,
+    ) -> None:
         self.parts = parts
+        self.watch = watch
         self.status_code = 200
         self.background = None
         self.init_headers({**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
 
     async def _pump(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        async for part in self.parts:
-            await send({"type": "http.response.body", "body": part, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        more = True
+        async for part, last in self.parts:
+            more = not last
+            await send({"type": "http.response.body", "body": part, "more_body": more})
+        if more:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = DisconnectWatch(receive)
+        watch = self.watch or DisconnectWatch(receive)
         try:
             await self._pump(send)  # a disconnect cancels it, unwinding into the upstream
         except asyncio.CancelledError:

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backends.base import UpstreamError, Usage
 from backends.tokens import count_prompt_tokens, count_tokens
 from router.config import Price
 from router.errors import error_body
-from router.stream_relay import StreamMeter, relay
+from router.stream_relay import EVENT_END, StreamMeter, relay, split_events
 from router.trace_schema import TraceRecord
 from router.trace_sink import TraceSink
 
@@ -43,7 +45,9 @@ def run_relay(
     async def collect() -> bytes:
         rest = _pieces(data, size, fail)
         first = await anext(rest)
-        return b"".join([p async for p in relay(first, rest, meter, cost_of)])
+        parts = [p async for p in relay(first, rest, meter, cost_of)]
+        assert [last for _, last in parts] == [False] * (len(parts) - 1) + [True]
+        return b"".join(data for data, _ in parts)
 
     return asyncio.run(collect()), meter
 
@@ -78,6 +82,52 @@ def test_relay_turns_mid_stream_failure_into_error_event() -> None:
     out, meter = run_relay(chunk("partial"), 4096, want_usage=True, fail=True)
     assert meter.error == "upstream_error"
     assert b'"error"' in out and b"[DONE]" not in out
+
+
+def test_relay_sends_a_stream_read_in_one_piece_as_one_final_part() -> None:
+    meter = StreamMeter(request={"messages": []}, want_usage=False)
+    data = chunk("a") + chunk("b") + b"data: [DONE]\n\n"
+
+    async def collect() -> list[tuple[bytes, bool]]:
+        return [p async for p in relay(data, _pieces(b"", 1), meter, cost_of)]
+
+    parts = asyncio.run(collect())
+    assert len(parts) == 1 and parts[0][1] is True
+    assert parts[0][0] == chunk("a") + chunk("b") + b"data: [DONE]\n\n"
+
+
+def test_relay_reads_usage_after_null_usage_chunks_and_counts_nothing_itself() -> None:
+    def with_null_usage(text: str) -> bytes:
+        obj = {"id": "c1", "model": "m", "usage": None,
+               "choices": [{"index": 0, "delta": {"content": text}}]}  # fmt: skip
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    tail = b"data: " + orjson.dumps({"id": "c1", "choices": [], "usage": usage}) + b"\n\n"
+    data = with_null_usage("x") + with_null_usage('say "usage"') + tail + b"data: [DONE]\n\n"
+    out, meter = run_relay(data, 9, want_usage=True)
+    assert meter.final_usage() == Usage(7, 2, True)
+    assert orjson.loads(out.split(b"\n\n")[-3][6:])["usage"]["prompt_tokens"] == 7
+
+
+def test_relay_flags_an_error_event_after_content() -> None:
+    error = b"data: " + orjson.dumps({"error": {"message": "overloaded"}}) + b"\n\n"
+    out, meter = run_relay(chunk("a") + error + b"data: [DONE]\n\n", 4096, want_usage=False)
+    assert meter.error == "upstream_error" and b"overloaded" in out
+
+
+def _split_by_regex(buffer: bytes) -> tuple[list[bytes], bytes]:
+    events = []
+    while (m := EVENT_END.search(buffer)) is not None:
+        events.append(buffer[: m.end()])
+        buffer = buffer[m.end() :]
+    return events, buffer
+
+
+@given(st.lists(st.sampled_from([b"data: x", b"\n", b"\r\n", b": c", b"data: [DONE]"])))
+def test_split_events_matches_the_sse_blank_line_rule(pieces: list[bytes]) -> None:
+    buffer = b"".join(pieces)
+    assert split_events(buffer) == _split_by_regex(buffer)
 
 
 def test_trace_sink_rotates_by_size_and_writes_valid_records(tmp_path: Path) -> None:

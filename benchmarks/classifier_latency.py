@@ -1,7 +1,9 @@
 """Classifier speed: one query at a time (p50/p99), batch throughput, model size, RSS added by load.
 
 onnxruntime runs with intra/inter-op threads = 1; single-query timing covers the whole
-`score_texts([prompt])` call (Python preprocessing + graph) after a warm-up.
+`score_texts([prompt])` call (Python preprocessing + graph) after a warm-up. Batch throughput is
+given for one thread and overlapped (preprocessing of the next chunk while onnxruntime scores the
+current one, two threads); see classifiers/bench.py.
 
     .venv/bin/python benchmarks/classifier_latency.py [--model PATH] [--queries 5000] [--batch 8000]
 """

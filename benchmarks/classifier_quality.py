@@ -1,12 +1,14 @@
 """Routing quality by 5-fold cross-validation, per benchmark, next to LiteLLM's complexity router.
 
 Our classifier: out-of-fold scores (classifiers.train.cross_val_scores: the shipped training
-recipe, fitted on 4 folds, scoring the 5th; folds stratified by benchmark, seeded). LiteLLM's
+recipe, fitted on 4 folds, scoring the 5th; folds stratified by benchmark, seeded). The source
+prior's per-source mean gains and its cross-fitting use the 4 training folds only. LiteLLM's
 rule-based complexity router (`litellm.router_strategy.complexity_router`, heuristic scorer) needs
 no training: its weighted score is computed offline for the same prompts, so both routers are
 measured on exactly the same rows. Contaminated prompts are excluded as RouteLLM does.
 
     .venv/bin/python benchmarks/classifier_quality.py [--data DIR] [--folds 5] [--seed 0]
+        [--prior-weight 0]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from classifiers.dataset import load_dataset  # noqa: E402
 from classifiers.evaluate import METRICS, bootstrap  # noqa: E402
-from classifiers.train import TrainConfig, cross_val_scores  # noqa: E402
+from classifiers.train import TrainConfig, cross_val_scores, with_overrides  # noqa: E402
 
 
 def litellm_scores(prompts: list[str]) -> np.ndarray:
@@ -55,10 +57,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--prior-weight", type=float, default=None,
+        help="override TrainConfig.prior_weight (0: no source prior, the previous recipe)",
+    )
     args = parser.parse_args()
 
     dataset = load_dataset(args.data)
-    config = TrainConfig(seed=args.seed)
+    config = with_overrides(TrainConfig(seed=args.seed), prior_weight=args.prior_weight)
     start = time.perf_counter()
     rows, ours = cross_val_scores(dataset, config, args.folds, lambda m: print(m, flush=True))
     cv_s = time.perf_counter() - start

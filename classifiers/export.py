@@ -1,29 +1,270 @@
-"""scikit-learn pipeline -> ONNX (skl2onnx) + a metadata JSON next to it. Offline only."""
+"""scikit-learn pipeline -> ONNX + a metadata JSON next to it. Offline only.
+
+The shipped pipeline (ColumnTransformer of TfidfVectorizers + StandardScaler, optionally
+classifiers.train.SourcePrior, then LogisticRegression) is written as a lean graph built here
+directly. skl2onnx's conversion builds every vectorizer's normalised [rows, vocabulary] matrix,
+concatenates them and only then applies the linear model; here the algebra is folded instead. For
+each vectorizer b with transformer weight t_b and coefficient block W_b,
+
+    logits += (tfidf_b @ (t_b * W_b)) / ||tfidf_b||
+
+where tfidf_b = counts_b * idf_b comes straight out of the TfIdfVectorizer op (mode TFIDF) and the
+norm is one Mul + ReduceSum: no full-width idf Mul, Div or Concat. The scaler is folded into the
+numeric weights, and the source prior's logits (a linear function of the same blocks) come out of
+the same MatMuls (extra columns). The text blocks' logits are [1, K] when their input has one row,
+so a batch whose rows all leave one text input empty may feed it as a single padding row
+(classifiers.features.BROADCAST_KEY). Pipelines of any other shape, or a lean graph that would not
+score probe texts as scikit-learn does, fall back to skl2onnx with our character-id converter.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
-from skl2onnx import to_onnx
-from skl2onnx.common.data_types import FloatTensorType, Int64TensorType
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.compose import ColumnTransformer
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
 
-from classifiers.features import MODEL_INPUTS, NUMERIC_INPUTS, TEXT_INPUTS
-from classifiers.id_converter import register
+from classifiers.features import BROADCAST_KEY, MODEL_INPUTS, NUMERIC_INPUTS, SEP_ID, TEXT_INPUTS
+from classifiers.id_converter import ordered_pool, register
 from classifiers.train import class_values
 
 TARGET_OPSET = 18
 OUTPUT = "probabilities"
+# Smallest norm divided by: an all-zero row stays zero, as in scikit-learn's normalize.
+TINY = 1e-30
 
 
 def metadata_path(model_path: str | Path) -> Path:
     return Path(model_path).with_suffix(".json")
 
 
-def to_onnx_bytes(pipeline: Pipeline) -> bytes:
+class _Graph:
+    """Nodes and initializers with deterministic names (same pipeline -> same bytes)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, hint: str, values: np.ndarray) -> str:
+        name = self.name(hint)
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(values), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], hint: str, **attrs: Any) -> str:
+        out = self.name(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "_op", **attrs))
+        return out
+
+
+def _parts(pipeline: Pipeline) -> tuple[ColumnTransformer, Any, LogisticRegression]:
+    """(features, source prior or None, final model), or NotImplementedError."""
+    steps = [step for _name, step in pipeline.steps]
+    prior = steps[1] if len(steps) == 3 else None
+    if len(steps) not in (2, 3) or (prior is not None and not _is_prior(prior)):
+        raise NotImplementedError("lean export: expected ColumnTransformer [-> SourcePrior] -> LR")
+    features, model = steps[0], steps[-1]
+    if not isinstance(features, ColumnTransformer) or type(model) is not LogisticRegression:
+        raise NotImplementedError("lean export: expected ColumnTransformer [-> SourcePrior] -> LR")
+    return features, prior, model
+
+
+def _is_prior(step: Any) -> bool:
+    # classifiers.train.SourcePrior: appends softmax(X[:, start:stop] @ W.T + b) @ values_.
+    return type(step).__name__ == "SourcePrior" and all(
+        hasattr(step, a) for a in ("start", "stop", "classifier_", "values_")
+    ) and type(step.classifier_) is LogisticRegression
+
+
+def _softmax_weights(model: LogisticRegression) -> tuple[np.ndarray, np.ndarray]:
+    """[classes, features] weights and intercepts whose softmax is model.predict_proba."""
+    coef, intercept = np.asarray(model.coef_, np.float64), np.asarray(model.intercept_, np.float64)
+    if coef.shape[0] == 1 and len(model.classes_) == 2:  # sigmoid(z) = softmax([0, z])
+        return np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
+    if coef.shape[0] != len(model.classes_):
+        raise NotImplementedError(f"lean export: coef_ shape {coef.shape}")
+    return coef, intercept
+
+
+class _Heads:
+    """Linear functions of the feature matrix X computed block by block (one MatMul per block):
+    the final model's logits and, with a source prior, the prior classifier's logits."""
+
+    def __init__(self, weights: list[np.ndarray]) -> None:
+        self.weights = weights  # per head: [outputs, features of X]
+        self.parts: list[list[str]] = [[] for _ in weights]
+        self.offsets = [np.zeros(w.shape[0]) for w in weights]
+
+    def block(self, block: slice, scale: float) -> list[tuple[int, np.ndarray]]:
+        """(head, [block width, outputs] weights) for the heads that read this block."""
+        out = []
+        for head, w in enumerate(self.weights):
+            part = w[:, block].T * scale
+            if part.any():
+                out.append((head, part))
+        return out
+
+    def add(self, graph: _Graph, logits: str, heads: list[tuple[int, np.ndarray]]) -> None:
+        if len(heads) == 1:
+            self.parts[heads[0][0]].append(logits)
+            return
+        sizes = graph.const("sizes", np.array([w.shape[1] for _h, w in heads], np.int64))
+        outs = [graph.name("head") for _ in heads]
+        graph.nodes.append(helper.make_node("Split", [logits, sizes], outs, axis=1, name=outs[0]))
+        for (head, _w), out in zip(heads, outs, strict=True):
+            self.parts[head].append(out)
+
+
+def _text_block(
+    graph: _Graph, vectorizer: TfidfVectorizer, column: str, w: np.ndarray
+) -> str:
+    """(tfidf @ w) / ||tfidf|| for one vectorizer, w [vocabulary, outputs] in vocabulary order."""
+    attributes, columns = ordered_pool(vectorizer)  # refuses settings the graph cannot reproduce
+    if vectorizer.use_idf:
+        attributes["mode"] = "TFIDF"
+        attributes["weights"] = vectorizer.idf_.astype(np.float32)[columns].tolist()
+    ids = column
+    if vectorizer.analyzer == "word":
+        # Words are counted as [SEP, word..., SEP] (see classifiers.id_converter).
+        sep = graph.const("sep", np.array(SEP_ID, np.int64))
+        merged = graph.op("Max", [ids, sep], "word_ids")
+        pads = graph.const("pads", np.array([0, 1, 0, 1], np.int64))
+        ids = graph.op("Pad", [merged, pads, sep], "bounded")
+    tfidf = graph.op("TfIdfVectorizer", [ids], "tfidf", **attributes)
+    axes = graph.const("axes", np.array([1], np.int64))
+    # Mul + ReduceSum: onnxruntime's ReduceSumSquare took twice as long.
+    squared = graph.op("Mul", [tfidf, tfidf], "squared")
+    squares = graph.op("ReduceSum", [squared, axes], "squares", keepdims=1)
+    norm = graph.op("Sqrt", [squares], "norm")
+    safe = graph.op("Max", [norm, graph.const("tiny", np.array(TINY, np.float32))], "safe_norm")
+    weights = graph.const("coef", w[columns].astype(np.float32))
+    return graph.op("Div", [graph.op("MatMul", [tfidf, weights], "dot"), safe], "logits")
+
+
+def _numeric_block(
+    graph: _Graph, scaler: StandardScaler, columns: list[str], w: np.ndarray
+) -> tuple[str, np.ndarray]:
+    """Logits of the standardized numeric features, scaler folded into the weights:
+    ((x - mean) / scale) @ w = x @ (w / scale) - (mean / scale) @ w. Returns (logits, offset)."""
+    scale = scaler.scale_ if scaler.with_std else np.ones(len(columns))
+    mean = scaler.mean_ if scaler.with_mean else np.zeros(len(columns))
+    folded = w / np.asarray(scale, dtype=np.float64)[:, None]
+    x = graph.op("Concat", list(columns), "numeric", axis=1)
+    logits = graph.op("MatMul", [x, graph.const("coef", folded.astype(np.float32))], "logits")
+    return logits, -np.asarray(mean, dtype=np.float64) @ folded
+
+
+def _blocks(graph: _Graph, features: ColumnTransformer, heads: _Heads) -> None:
+    weights = features.transformer_weights or {}
+    for name, transformer, columns in features.transformers_:
+        block = features.output_indices_[name]
+        if block.stop == block.start:
+            continue  # e.g. an empty "remainder"
+        reading = heads.block(block, weights.get(name, 1.0))
+        if not reading:
+            continue  # all-zero weights (never for a fitted model, but harmless)
+        w = np.hstack([part for _head, part in reading])
+        if isinstance(transformer, TfidfVectorizer) and columns in TEXT_INPUTS:
+            heads.add(graph, _text_block(graph, transformer, columns, w), reading)
+        elif isinstance(transformer, StandardScaler) and set(columns) <= set(NUMERIC_INPUTS):
+            logits, offset = _numeric_block(graph, transformer, list(columns), w)
+            heads.add(graph, logits, reading)
+            at = 0
+            for head, part in reading:
+                heads.offsets[head] += offset[at : at + part.shape[1]]
+                at += part.shape[1]
+        else:
+            raise NotImplementedError(f"lean export: transformer {name!r} ({transformer!r})")
+
+
+def _prior_logits(graph: _Graph, heads: _Heads, prior: Any, coef: np.ndarray) -> str:
+    """The final model's logits from the source prior's column: column @ coef[:, -1]."""
+    _w, intercept = _softmax_weights(prior.classifier_)
+    bias = graph.const("prior_intercept", (intercept + heads.offsets[1]).astype(np.float32))
+    proba = graph.op("Softmax", [graph.op("Sum", [*heads.parts[1], bias], "prior_sum")], "prior_p",
+                     axis=1)
+    values = graph.const("prior_values", np.asarray(prior.values_, np.float32)[:, None])
+    column = graph.op("MatMul", [proba, values], "prior_column")
+    scale = graph.const("prior_coef", coef[:, -1:].T.astype(np.float32))
+    return graph.op("MatMul", [column, scale], "prior_logits")
+
+
+def lean_model(pipeline: Pipeline) -> onnx.ModelProto:
+    """The pipeline as a lean ONNX graph (NotImplementedError for shapes it does not cover)."""
+    features, prior, model = _parts(pipeline)
+    classes = len(model.classes_)
+    coef = np.asarray(model.coef_, dtype=np.float64)
+    width = max(s.stop for s in features.output_indices_.values())
+    if coef.shape[1] != width + (prior is not None):
+        raise NotImplementedError(f"lean export: {coef.shape[1]} weights for {width} features")
+    weights = [coef[:, :width]]
+    if prior is not None:
+        prior_w, _b = _softmax_weights(prior.classifier_)
+        full = np.zeros((prior_w.shape[0], width))
+        full[:, prior.start : prior.stop] = prior_w
+        weights.append(full)
+    graph = _Graph()
+    heads = _Heads(weights)
+    _blocks(graph, features, heads)
+    logits = heads.parts[0]
+    if prior is not None:
+        logits = [*logits, _prior_logits(graph, heads, prior, coef)]
+    intercept = graph.const("intercept", (model.intercept_ + heads.offsets[0]).astype(np.float32))
+    total = graph.op("Sum", [*logits, intercept], "sum")  # one node: broadcasts like Add
+    if classes == 2 and coef.shape[0] == 1:
+        # Binary: P(class 1) = sigmoid(z), as scikit-learn's predict_proba.
+        p1 = graph.op("Sigmoid", [total], "p1")
+        p0 = graph.op("Sub", [graph.const("one", np.array(1.0, np.float32)), p1], "p0")
+        graph.nodes.append(helper.make_node("Concat", [p0, p1], [OUTPUT], name="proba", axis=1))
+    elif coef.shape[0] == classes:
+        graph.nodes.append(helper.make_node("Softmax", [total], [OUTPUT], name="proba", axis=1))
+    else:
+        raise NotImplementedError(f"lean export: coef_ shape {coef.shape}")
+    # Each text input has its own dimension names: onnxruntime takes equal names for equal sizes.
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.INT64, [f"{name}_rows", f"{name}_chars"])
+        for name in TEXT_INPUTS
+    ]
+    inputs += [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", 1])
+        for name in NUMERIC_INPUTS
+    ]
+    output = helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["rows", classes])
+    onnx_graph = helper.make_graph(
+        graph.nodes, "cost_router_classifier", inputs, [output], graph.initializers
+    )
+    onnx_model = helper.make_model(
+        onnx_graph,
+        opset_imports=[helper.make_opsetid("", TARGET_OPSET)],
+        producer_name="cost-router",
+        ir_version=8,
+    )
+    # Broadcasting a one-row text input needs another input that carries the batch's rows.
+    numeric = any(n.op_type == "Concat" and n.input[0] in NUMERIC_INPUTS for n in graph.nodes)
+    helper.set_model_props(onnx_model, {BROADCAST_KEY: "1" if numeric else "0"})
+    onnx.checker.check_model(onnx_model)
+    return onnx_model
+
+
+def skl2onnx_model(pipeline: Pipeline) -> onnx.ModelProto:
+    """skl2onnx's generic conversion (any pipeline it supports), text as character ids."""
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import FloatTensorType, Int64TensorType
+
     # Text columns arrive as character ids (classifiers.features.char_ids), [rows, width]. They are
     # declared [rows, 1] so that skl2onnx's ColumnTransformer hands each one whole to its
     # vectorizers (it slices inputs wider than the columns it selects); widened below.
@@ -47,6 +288,43 @@ def to_onnx_bytes(pipeline: Pipeline) -> bytes:
     opsets = sorted(model.opset_import, key=lambda o: o.domain)
     del model.opset_import[:]
     model.opset_import.extend(opsets)
+    return model
+
+
+# Texts the lean graph must score as scikit-learn does before it is used (a structural check:
+# the tests and benchmarks/classifier_parity.py check parity on real prompts).
+_PROBES = [
+    "Which is a prime?\nA. 4\nB. 6\nC. 7\nD. 9\nAnswer:",
+    "Natalia sold clips to 48 of her friends in April. How many clips did she sell in May?",
+    "def f(x):\n    return x ** 2  # sqrt? {}",
+    "Ünïcödé 中文 ½ × 3",
+    "",
+]
+
+
+def _same_as_sklearn(pipeline: Pipeline, model: onnx.ModelProto) -> bool:
+    import onnxruntime as ort
+
+    from classifiers.features import clean_text, is_multiple_choice, model_feed
+    from classifiers.train import frame
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    cleans = [clean_text(t) for t in _PROBES]
+    feed = model_feed(cleans, [is_multiple_choice(c) for c in cleans])
+    got = session.run([OUTPUT], feed)[0]
+    expected = pipeline.predict_proba(frame(_PROBES))
+    return got.shape == expected.shape and float(np.abs(got - expected).max()) <= 1e-5
+
+
+def to_onnx_bytes(pipeline: Pipeline) -> bytes:
+    """The lean graph where it covers the pipeline, else skl2onnx's conversion."""
+    try:
+        model = lean_model(pipeline)
+        if not _same_as_sklearn(pipeline, model):
+            raise NotImplementedError("lean graph disagrees with scikit-learn on probe texts")
+    except NotImplementedError as exc:
+        warnings.warn(f"lean export not used: {exc}; exporting with skl2onnx", stacklevel=2)
+        model = skl2onnx_model(pipeline)
     return model.SerializeToString()
 
 

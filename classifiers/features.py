@@ -29,6 +29,10 @@ TAIL_CHARS = 2000
 CONTEXT_CHARS = 1000
 TRUNCATION_MARK = " … "
 
+# ASCII byte -> lowercase, any ASCII whitespace (str.split's, e.g. \x1c-\x1f too) -> space.
+_ASCII_LOWER_SPACE = bytes(
+    32 if chr(c).isspace() else ord(chr(c).lower()) if c < 128 else c for c in range(256)
+)
 _NUMBER = re.compile(r"\d+")
 _MATH = ("+", "-", "*", "/", "=", "^", "%", "×", "÷", "<", ">", "$", "\\frac", "sqrt")
 _CODE = ("```", "def ", "return", "{", "}", ";", "function", "#include", "class ", "import ")
@@ -63,6 +67,67 @@ PAD_ID = -2
 SEP_ID = -2
 _TABLE_SIZE = 0x3000  # code points below this are looked up in a table, the rest computed
 _WORD_TABLE = np.array([chr(c).isalnum() or c == 0x5F for c in range(_TABLE_SIZE)])
+_ID_TABLE = np.where(_WORD_TABLE, np.arange(_TABLE_SIZE), -3 - np.arange(_TABLE_SIZE))
+
+# numeric_matrix counts characters by class (each character in at most one class) and adds the
+# multi-character markers; "runs" (numbers) is no character's class. A marker holding a rare
+# "anchor" character is found from that character's positions (the class lookup finds them
+# anyway), the others with str searches over all texts at once.
+_CLASS_NAMES = ("other", "digit", "newline", "question", "math", "code", "runs", "anchor")
+_DIGIT, _NEWLINE, _QUESTION, _MATH_CHAR, _CODE_CHAR, _RUNS, _ANCHOR = 1, 2, 3, 4, 5, 6, 7
+_ANCHORS = "\\`#q"
+_MARKERS = tuple(
+    (marker, column)
+    for markers, column in ((_MATH, _MATH_CHAR), (_CODE, _CODE_CHAR))
+    for marker in markers
+    if len(marker) > 1
+)
+# (marker, column, index of its anchor) for the anchored markers; the rest are searched.
+_ANCHORED = tuple(
+    (marker, column, min(marker.index(a) for a in _ANCHORS if a in marker))
+    for marker, column in _MARKERS
+    if set(marker) & set(_ANCHORS)
+)
+_SEARCHED = tuple((m, c) for m, c in _MARKERS if not set(m) & set(_ANCHORS))
+
+
+def _char_class(char: str) -> int:
+    if _NUMBER.match(char):
+        return _DIGIT
+    if char == "\n":
+        return _NEWLINE
+    if char == "?":
+        return _QUESTION
+    if char in _MATH:
+        return _MATH_CHAR
+    if char in _CODE:
+        return _CODE_CHAR
+    return _ANCHOR if char in _ANCHORS else 0
+
+
+# ONNX metadata_props key set to "1" by graphs that accept a text input as one padding row meaning
+# "empty in every row" (classifiers.export's lean graph broadcasts it; see model_feed).
+BROADCAST_KEY = "cost_router.text_row_broadcast"
+# One padding row: the text input of a batch whose rows leave it all empty (see model_feed).
+_PAD_ROW = np.full((1, 1), PAD_ID, np.int64)
+_PAD_ROW.flags.writeable = False
+# Up to this many rows, numeric_matrix calls numeric_features row by row (one query at a time).
+_FEW_ROWS = 6
+# math.log1p of every count up to the longest cleaned text (HEAD_CHARS + TAIL_CHARS + mark).
+_LOG1P = np.array([math.log1p(k) for k in range(HEAD_CHARS + TAIL_CHARS + 64)])
+_CLASS_TABLE = np.array([_char_class(chr(c)) for c in range(_TABLE_SIZE)], np.uint8)
+
+
+def _lookup(table: np.ndarray, codes: np.ndarray, of_char: Any) -> np.ndarray:
+    """table[codes]; code points past the table (rare) are computed one distinct value at a time."""
+    if not codes.size or codes.max() < len(table):
+        return table[codes]
+    out = table[np.minimum(codes, len(table) - 1)]
+    high = codes >= len(table)
+    rare = np.unique(codes[high])
+    values = np.array([of_char(chr(c)) for c in rare.tolist()], table.dtype)
+    out[high] = values[np.searchsorted(rare, codes[high])]
+    return out
 
 
 def text_of_content(content: Any) -> str:
@@ -136,7 +201,13 @@ def clean_text(text: str | bytes) -> str:
 
 def normalize_text(clean: str) -> str:
     """What the vectorizers see: lowercased, whitespace runs collapsed to one space."""
-    return " ".join(clean.lower().split())
+    if not clean.isascii():
+        return " ".join(clean.lower().split())
+    # ASCII (most prompts): the same result from C-speed byte passes, without a list of words.
+    raw = clean.encode("ascii").translate(_ASCII_LOWER_SPACE)
+    while b"  " in raw:
+        raw = raw.replace(b"  ", b" ")
+    return raw.strip(b" ").decode("ascii")
 
 
 def _count(text: str, needles: tuple[str, ...]) -> int:
@@ -174,7 +245,9 @@ def is_multiple_choice(clean: str) -> bool:
     Multiple-choice and open questions behave differently (what makes one hard for the small
     model says little about the other), so the model keeps a separate set of weights for each.
     """
-    if clean.rstrip().lower().endswith("answer:"):
+    # Lowercasing only the last 7 characters gives the same answer (only A-Z, a-z and ":" lower
+    # to the characters of "answer:", one each) without copying the whole text.
+    if clean.rstrip()[-7:].lower() == "answer:":
         return True
     return len(set(_OPTION.findall(clean[:HEAD_CHARS]))) >= 2
 
@@ -185,27 +258,174 @@ def model_inputs(texts: Iterable[str | bytes]) -> dict[str, Any]:
     The text goes to `mc_text` or `open_text` (the other gets ""), and each numeric feature to
     `mc_<name>` or `open_<name>` (the other gets 0): one linear model, two regimes.
     """
-    mc_texts: list[str] = []
-    open_texts: list[str] = []
-    rows: list[list[float]] = []
-    zeros = [0.0] * len(NUMERIC_FEATURES)
-    for text in texts:
-        clean = clean_text(text)
-        normalized = normalize_text(clean)
-        values = numeric_features(clean, normalized)
-        if is_multiple_choice(clean):
-            mc_texts.append(normalized)
-            open_texts.append("")
-            rows.append([*values, *zeros, 1.0])
-        else:
-            mc_texts.append("")
-            open_texts.append(normalized)
-            rows.append([*zeros, *values, 0.0])
-    numeric = np.asarray(rows, dtype=np.float32).reshape(len(rows), len(NUMERIC_INPUTS))
-    columns: dict[str, Any] = {"mc_text": mc_texts, "open_text": open_texts}
-    for i, name in enumerate(NUMERIC_INPUTS):
-        columns[name] = numeric[:, i]
+    cleans = [clean_text(text) for text in texts]
+    kinds = [is_multiple_choice(clean) for clean in cleans]
+    normalized = [normalize_text(clean) for clean in cleans]
+    numeric = numeric_inputs(cleans, normalized, kinds)
+    columns: dict[str, Any] = {
+        "mc_text": [n if mc else "" for n, mc in zip(normalized, kinds, strict=True)],
+        "open_text": ["" if mc else n for n, mc in zip(normalized, kinds, strict=True)],
+    }
+    columns.update(zip(NUMERIC_INPUTS, numeric, strict=True))
     return columns
+
+
+def model_feed(
+    cleans: Sequence[str],
+    kinds: Sequence[bool],
+    ids: bool = True,
+    one_row_if_empty: bool = False,
+) -> dict[str, np.ndarray]:
+    """Cleaned texts and their multiple-choice flags -> onnxruntime inputs.
+
+    The same values as `model_inputs`: text as `char_ids` (or, with ids=False, as [rows, 1]
+    strings for models exported before character ids), numbers as [rows, 1] float32. With
+    `one_row_if_empty`, a text input that is empty in every row is fed as one padding row, for
+    graphs that broadcast it (classifiers.export's lean graph): that side's n-gram work is skipped.
+    """
+    normalized = [normalize_text(clean) for clean in cleans]
+    numeric = numeric_inputs(cleans, normalized, kinds)
+    feed: dict[str, np.ndarray] = {}
+    for name, side in (("mc_text", True), ("open_text", False)):
+        texts = [n if mc == side else "" for n, mc in zip(normalized, kinds, strict=True)]
+        if not ids:
+            feed[name] = np.asarray(texts, dtype=object).reshape(-1, 1)
+        elif not any(texts) and (one_row_if_empty or len(texts) == 1):
+            feed[name] = _PAD_ROW
+        else:
+            feed[name] = char_ids(texts)
+    # Iterating [inputs, rows, 1] gives contiguous [rows, 1] views, one per input.
+    feed.update(zip(NUMERIC_INPUTS, numeric[:, :, None], strict=True))
+    return feed
+
+
+def numeric_inputs(
+    cleans: Sequence[str], normalized: Sequence[str], kinds: Sequence[bool]
+) -> np.ndarray:
+    """[len(NUMERIC_INPUTS), rows] float32 (one row per input): each text's features on its side
+    (multiple-choice or open), zeros on the other, then the multiple-choice flag."""
+    width = len(NUMERIC_FEATURES)
+    if len(cleans) <= _FEW_ROWS:  # one query at a time: plain lists beat numpy's call overhead
+        zeros = [0.0] * width
+        rows = [
+            [*numeric_features(c, n), *zeros, 1.0] if mc else [*zeros, *numeric_features(c, n), 0.0]
+            for c, n, mc in zip(cleans, normalized, kinds, strict=True)
+        ]
+        return np.array(rows, np.float32).reshape(len(cleans), len(NUMERIC_INPUTS)).T.copy()
+    values = numeric_matrix(cleans, normalized).T
+    mc = np.asarray(kinds, dtype=bool).reshape(-1)
+    out = np.zeros((len(NUMERIC_INPUTS), len(cleans)), np.float32)
+    out[:width, mc] = values[:, mc]
+    out[width : 2 * width, ~mc] = values[:, ~mc]
+    out[-1] = mc
+    return out
+
+
+def _occurrences(text: str, marker: str) -> list[int]:
+    """Start of each non-overlapping occurrence, left to right: what str.count counts."""
+    found = []
+    at = text.find(marker)
+    while at >= 0:
+        found.append(at)
+        at = text.find(marker, at + len(marker))
+    return found
+
+
+def _anchored_occurrences(
+    codes: np.ndarray, anchors: np.ndarray, marker: str, at: int
+) -> list[int] | np.ndarray:
+    """`_occurrences` of a marker whose character `at` is an anchor, from the anchors' positions."""
+    begins = anchors[codes[anchors] == ord(marker[at])] - at
+    begins = begins[(begins >= 0) & (begins + len(marker) <= len(codes))]
+    for k, char in enumerate(marker):
+        if begins.size and k != at:
+            begins = begins[codes[begins + k] == ord(char)]
+    if not any(marker[k:] == marker[: len(marker) - k] for k in range(1, len(marker))):
+        return begins
+    # A marker that can overlap itself ("```" in "````"): keep non-overlapping ones, left first.
+    kept: list[int] = []
+    for begin in begins.tolist():
+        if not kept or begin >= kept[-1] + len(marker):
+            kept.append(begin)
+    return kept
+
+
+def _row_counts(rows: np.ndarray, size: int) -> np.ndarray:
+    return np.bincount(rows, minlength=size)[:size]
+
+
+def _log1p(counts: np.ndarray) -> np.ndarray:
+    # math.log1p's values (a table of them), not np.log1p's, which may differ in the last bit:
+    # numeric_matrix then equals numeric_features exactly.
+    if not counts.size or counts.max() < len(_LOG1P):
+        return _LOG1P[counts]
+    return np.array([math.log1p(c) for c in counts.tolist()])
+
+
+def numeric_matrix(cleans: Sequence[str], normalized: Sequence[str]) -> np.ndarray:
+    """`numeric_features` of many texts at once, [rows, len(NUMERIC_FEATURES)] float64.
+
+    Vectorised over the code points of all texts joined (per-text Python was most of the batch
+    preprocessing time); equal to `numeric_features`, the plain definition, row by row (tested).
+    A few rows go through numeric_features itself: numpy's per-call overhead would dominate.
+    """
+    size = len(cleans)
+    if size <= _FEW_ROWS:
+        rows = [numeric_features(c, n) for c, n in zip(cleans, normalized, strict=True)]
+        return np.array(rows, dtype=np.float64).reshape(size, len(NUMERIC_FEATURES))
+    n_chars = np.fromiter(map(len, cleans), np.int64, size)
+    n_norm = np.fromiter(map(len, normalized), np.int64, size)
+    n_words = np.fromiter((n.count(" ") + 1 if n else 0 for n in normalized), np.int64, size)
+    # NUL separates the texts: no marker contains it, so no match spans two texts.
+    joined = "\x00".join(cleans)
+    starts = np.zeros(size, np.int64)
+    np.cumsum(n_chars[:-1] + 1, out=starts[1:])
+    counts = np.zeros((size, len(_CLASS_NAMES)), np.int64)
+    biggest = np.zeros(size, np.int64)
+    if joined:
+        codes = np.frombuffer(joined.encode("utf-32-le"), np.uint32)
+        classes = _lookup(_CLASS_TABLE, codes, _char_class)
+        marked = np.flatnonzero(classes)  # most characters are in no class
+        found = classes[marked]
+        row_of = np.searchsorted(starts, marked, side="right") - 1
+        counts = np.bincount(row_of * len(_CLASS_NAMES) + found, minlength=size * len(_CLASS_NAMES))
+        counts = counts.reshape(size, len(_CLASS_NAMES))
+        digits = marked[found == _DIGIT]
+        if digits.size:
+            # Runs of consecutive digit positions = the regex's numbers (NUL ends a run too).
+            first = np.flatnonzero(np.diff(digits, prepend=-2) != 1)
+            lengths = np.diff(first, append=digits.size)
+            run_rows = np.searchsorted(starts, digits[first], side="right") - 1
+            counts[:, _RUNS] = _row_counts(run_rows, size)
+            np.maximum.at(biggest, run_rows, lengths)
+        anchors = marked[found == _ANCHOR]
+        for marker, column, at in _ANCHORED:
+            found_at = _anchored_occurrences(codes, anchors, marker, at)
+            if len(found_at):
+                rows = np.searchsorted(starts, found_at, "right") - 1
+                counts[:, column] += _row_counts(rows, size)
+        for marker, column in _SEARCHED:
+            found_at = _occurrences(joined, marker)
+            if found_at:
+                rows = np.searchsorted(starts, found_at, "right") - 1
+                counts[:, column] += _row_counts(rows, size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        digit_frac = np.where(n_chars > 0, counts[:, _DIGIT] / n_chars, 0.0)
+        word_len = np.where(n_words > 0, (n_norm - n_words + 1) / n_words, 0.0)
+    return np.column_stack(
+        [
+            _log1p(n_chars),
+            _log1p(n_words),
+            _log1p(counts[:, _RUNS]),
+            digit_frac,
+            _log1p(counts[:, _MATH_CHAR]),
+            _log1p(counts[:, _CODE_CHAR]),
+            _log1p(counts[:, _QUESTION]),
+            _log1p(counts[:, _NEWLINE]),
+            _log1p(biggest),
+            word_len,
+        ]
+    )
 
 
 def char_id(char: str) -> int:
@@ -214,24 +434,12 @@ def char_id(char: str) -> int:
     return code if char.isalnum() or char == "_" else -code - 3
 
 
-def _word_mask(codes: np.ndarray) -> np.ndarray:
-    if not codes.size or codes.max() < _TABLE_SIZE:
-        return _WORD_TABLE[codes]
-    mask = _WORD_TABLE[np.minimum(codes, _TABLE_SIZE - 1)]
-    high = codes >= _TABLE_SIZE
-    rare = np.unique(codes[high])
-    is_word = np.array([chr(c).isalnum() or c == 0x5F for c in rare.tolist()])
-    mask[high] = is_word[np.searchsorted(rare, codes[high])]
-    return mask
-
-
 def char_ids(texts: Sequence[str]) -> np.ndarray:
     """Normalized texts -> [rows, longest] int64 character ids (char_id), padded with PAD_ID."""
     joined = "".join(texts)
     if not joined:
         return np.full((len(texts), 1), PAD_ID, np.int64)
-    codes = np.frombuffer(joined.encode("utf-32-le"), np.uint32).astype(np.int64)
-    ids = np.where(_word_mask(codes), codes, -3 - codes)
+    ids = _lookup(_ID_TABLE, np.frombuffer(joined.encode("utf-32-le"), np.uint32), char_id)
     if len(texts) == 1:  # one query at a time: the proxy's case, skip the padding work
         return ids.reshape(1, -1)
     lengths = np.fromiter(map(len, texts), np.int64, len(texts))

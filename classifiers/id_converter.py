@@ -78,6 +78,17 @@ def _pool(grams: Sequence[tuple[list[int], int]]) -> dict[str, Any]:
     }
 
 
+def ordered_pool(vectorizer: TfidfVectorizer) -> tuple[dict[str, Any], list[int]]:
+    """TfIdfVectorizer attributes whose output columns follow the pool order (ngram_indexes is the
+    identity, so per-column `weights` mean the same under any reading of the spec), and the
+    vocabulary column of each output column."""
+    _check(vectorizer)
+    grams = sorted(_grams(vectorizer), key=lambda g: (len(g[0]), g[1]))
+    attributes = _pool(grams)
+    attributes["ngram_indexes"] = list(range(len(grams)))
+    return attributes, [column for _ids, column in grams]
+
+
 def _const(scope: Any, container: Any, name: str, kind: int, values: np.ndarray) -> str:
     var = scope.get_unique_variable_name(name)
     container.add_initializer(var, kind, list(values.shape), values.ravel().tolist())

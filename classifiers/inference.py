@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,12 @@ import numpy as np
 import onnxruntime as ort
 
 from classifiers.features import (
+    BROADCAST_KEY,
     MODEL_INPUTS,
     TEXT_INPUTS,
-    char_ids,
     clean_text,
     is_multiple_choice,
-    model_inputs,
+    model_feed,
     request_text,
 )
 
@@ -32,6 +33,10 @@ DEFAULT_MODEL = Path(__file__).resolve().parent / "default" / "model.onnx"
 # Rows per onnxruntime call: the graph builds a dense [rows, vocabulary] matrix, so chunks keep
 # memory bounded and cache-friendly.
 BATCH_ROWS = 512
+# ... and at most this many padded characters (rows x longest prompt of the chunk).
+BATCH_CELLS = 512 * 640
+# Batches up to this size run as one call; bigger ones are split by kind and length.
+SMALL_BATCH = 16
 
 
 class ModelLoadError(RuntimeError):
@@ -55,6 +60,8 @@ class DifficultyScorer:
         self, session: ort.InferenceSession, path: Path, metadata: dict[str, Any]
     ) -> None:
         self.path = path
+        # Big batches: overlap Python preprocessing with onnxruntime (see score_texts).
+        self.overlap = True
         self.metadata = metadata
         self.context_turns = int(metadata.get("context_turns", 2))
         self._session = session
@@ -64,7 +71,12 @@ class DifficultyScorer:
         values = metadata.get("class_values", [0.0, 1.0])
         self._class_values = np.asarray(values, dtype=np.float32)
         # Current models take text as character ids; models exported before that take strings.
-        self._ids = {i.name: i.type == "tensor(int64)" for i in session.get_inputs()}
+        types = {i.name: i.type for i in session.get_inputs()}
+        self._ids = all(types.get(name) == "tensor(int64)" for name in TEXT_INPUTS)
+        # Lean graphs (classifiers.export) accept one padding row for a text input empty in every
+        # row of a batch, and then skip that input's n-gram work.
+        props = session.get_modelmeta().custom_metadata_map
+        self._broadcast = props.get(BROADCAST_KEY) == "1"
 
     @classmethod
     def load(cls, path: str | Path | None = None, threads: int = 1) -> DifficultyScorer:
@@ -99,41 +111,80 @@ class DifficultyScorer:
         turns = self.context_turns if context_turns is None else context_turns
         return float(self.score_texts([request_text(body, turns)])[0])
 
-    def score_texts(self, texts: Sequence[str | bytes]) -> np.ndarray:
-        """Scores in [0, 1] for raw prompt texts, in order (float64 array)."""
+    def score_texts(self, texts: Sequence[str | bytes], overlap: bool | None = None) -> np.ndarray:
+        """Scores in [0, 1] for raw prompt texts, in order (float64 array).
+
+        A batch of several chunks is scored with `overlap` (default: the scorer's `overlap`):
+        Python prepares chunk k+1 while onnxruntime, which releases the GIL, scores chunk k in a
+        helper thread; two cores busy instead of one. Same scores either way.
+        """
         scores = np.empty(len(texts), dtype=np.float64)
-        if len(texts) <= BATCH_ROWS:
-            if len(texts):
-                scores[:] = self._run(texts)
+        if not len(texts):
             return scores
-        # Each text input is padded to its chunk's longest prompt, and a prompt fills only one of
-        # the two (multiple-choice or open): chunks of one kind and similar lengths waste little.
-        kinds = [is_multiple_choice(clean_text(t)) for t in texts]
-        lengths = np.fromiter(map(len, texts), np.int64, len(texts))
-        order = np.lexsort((lengths, np.asarray(kinds, dtype=bool)))
-        for start in range(0, len(texts), BATCH_ROWS):
-            rows = order[start : start + BATCH_ROWS]
-            scores[rows] = self._run([texts[i] for i in rows])
+        cleans = [clean_text(t) for t in texts]
+        kinds = [is_multiple_choice(c) for c in cleans]
+        chunks = _chunks(cleans, kinds)
+        if len(chunks) == 1:
+            scores[:] = self._scores(self._predict(self._feed(cleans, kinds)))
+            return scores
+        if not (self.overlap if overlap is None else overlap):
+            for rows in chunks:
+                feed = self._feed([cleans[i] for i in rows], [kinds[i] for i in rows])
+                scores[rows] = self._scores(self._predict(feed))
+            return scores
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer") as pool:
+            pending: tuple[np.ndarray, Future[np.ndarray]] | None = None
+            for rows in chunks:
+                feed = self._feed([cleans[i] for i in rows], [kinds[i] for i in rows])
+                job = pool.submit(self._predict, feed)
+                if pending is not None:
+                    scores[pending[0]] = self._scores(pending[1].result())
+                pending = (rows, job)
+            if pending is not None:
+                scores[pending[0]] = self._scores(pending[1].result())
         return scores
 
-    def _run(self, texts: Sequence[str | bytes]) -> np.ndarray:
-        columns = model_inputs(texts)
-        feed: dict[str, np.ndarray] = {}
-        for name, values in columns.items():
-            if name in TEXT_INPUTS and self._ids.get(name):
-                feed[name] = char_ids(values)
-            elif name in TEXT_INPUTS:
-                feed[name] = np.asarray(values, dtype=object).reshape(-1, 1)
-            else:
-                feed[name] = values.reshape(-1, 1)
-        probabilities = self._session.run([self._output], feed)[0]
+    def _feed(self, cleans: Sequence[str], kinds: Sequence[bool]) -> dict[str, np.ndarray]:
+        return model_feed(cleans, kinds, ids=self._ids, one_row_if_empty=self._broadcast)
+
+    def _predict(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        return self._session.run([self._output], feed)[0]
+
+    def _scores(self, probabilities: np.ndarray) -> np.ndarray:
         if probabilities.shape[1] != len(self._class_values):
             raise ValueError(
                 f"model gives {probabilities.shape[1]} classes, metadata names "
                 f"{len(self._class_values)} class values"
             )
         # float32 probabilities can sum to 1 + 1e-7; traces require scores within [0, 1].
-        return np.clip(probabilities @ self._class_values, 0.0, 1.0)
+        return np.minimum(np.maximum(probabilities @ self._class_values, 0.0), 1.0)
+
+
+def _chunks(cleans: Sequence[str], kinds: Sequence[bool]) -> list[np.ndarray]:
+    """Row indices per onnxruntime call: a small batch whole, a bigger one by kind and length.
+
+    Each text input is padded to its chunk's longest prompt (padding costs n-gram lookups too),
+    and a prompt fills only one of the two (multiple-choice or open): chunks of one kind and
+    similar lengths waste little, and the other kind's input shrinks to one row (see model_feed).
+    """
+    size = len(cleans)
+    if size <= SMALL_BATCH:
+        return [np.arange(size)]
+    lengths = np.fromiter(map(len, cleans), np.int64, size)
+    mc = np.asarray(kinds, dtype=bool).reshape(-1)
+    chunks = []
+    for side in (True, False):
+        rows = np.flatnonzero(mc == side)
+        rows = rows[np.argsort(lengths[rows], kind="stable")]
+        start = 0
+        while start < len(rows):
+            # Up to BATCH_ROWS rows, fewer where the rows are long (padded cells bounded).
+            widest = np.maximum(lengths[rows[start : start + BATCH_ROWS]], 1)
+            fits = np.arange(1, len(widest) + 1) * widest <= BATCH_CELLS
+            count = max(1, int(np.count_nonzero(fits)))
+            chunks.append(rows[start : start + count])
+            start += count
+    return chunks
 
 
 def _metadata(model_path: Path) -> dict[str, Any]:

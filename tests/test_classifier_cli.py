@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from typer.testing import CliRunner
 
@@ -59,6 +60,28 @@ def test_train_is_reproducible(small_csv: Path, trained: Path, tmp_path: Path) -
     result = runner.invoke(app, [*args, "--out", str(again), "--seed", "3"])
     assert result.exit_code == 0, result.output
     assert again.read_bytes() == trained.read_bytes()
+
+
+def test_train_with_several_sources_is_reproducible_and_uses_the_source_prior(
+    small_csv: Path, tmp_path: Path
+) -> None:
+    # One file per source (the MMLU layout): the source prior needs 2+ sources to switch on.
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    with small_csv.open(encoding="utf-8", newline="") as handle:
+        records = list(csv.reader(handle))
+    for name, part in (("first", records[1:251]), ("second", records[251:])):
+        with (folder / f"{name}.csv").open("w", newline="", encoding="utf-8") as handle:
+            csv.writer(handle).writerows([records[0], *part])
+    args = ["classifier", "train", str(folder), "--small", "cheap", "--large", "pricey"]
+    models = []
+    for out in (tmp_path / "a.onnx", tmp_path / "b.onnx"):
+        result = runner.invoke(app, [*args, "--out", str(out), "--seed", "3"])
+        assert result.exit_code == 0, result.output
+        models.append(out.read_bytes())
+    assert models[0] == models[1]
+    graph = onnx.load_from_string(models[0]).graph
+    assert sum(node.op_type == "Softmax" for node in graph.node) == 2  # the prior's and the model's
 
 
 def test_train_missing_column_is_a_clear_error(small_csv: Path, tmp_path: Path) -> None:
@@ -115,5 +138,6 @@ def test_bench_prints_figures(small_csv: Path, trained: Path) -> None:
     args = ["classifier", "bench", "--data", str(DATA / "gsm8k"), "--model", str(trained)]
     result = runner.invoke(app, [*args, "--queries", "50", "--batch", "200"])
     assert result.exit_code == 0, result.output
-    for key in ("p50_ms", "p99_ms", "batch_prompts_per_s", "model_bytes", "rss_added_by_load_mb"):
+    keys = ("p50_ms", "p99_ms", "batch_prompts_per_s", "batch_overlapped_per_s", "model_bytes")
+    for key in (*keys, "rss_added_by_load_mb"):
         assert key in result.output

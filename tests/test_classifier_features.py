@@ -2,23 +2,74 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
 
+from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.features import (
     CONTEXT_CHARS,
     HEAD_CHARS,
+    NUMERIC_INPUTS,
     PAD_ID,
     TAIL_CHARS,
+    TEXT_INPUTS,
     char_id,
     char_ids,
     clean_text,
     is_multiple_choice,
+    model_feed,
     model_inputs,
     normalize_text,
+    numeric_features,
+    numeric_matrix,
     request_text,
 )
+
+# Texts that stress the numeric features: digits of other scripts and outside the BMP, markers
+# at text edges and overlapping, NUL (numeric_matrix's separator) inside a text, case, lengths.
+ODD = [
+    "",
+    "   ",
+    "a",
+    "7",
+    "x1",
+    "12 345 6789",
+    "٣٤ ١٢ ０９",
+    "𝟘𝟙𝟚 12 𝟗",
+    "ΑΣ ΣΑ",
+    "def \ndef\tdef def ",
+    "```````",
+    "\\frac{1}{2} sqrt SQRT \\fraclass ",
+    "#includef x #include <x>",
+    "a?b?\n\n",
+    "\x00\x00 12\x0034\x00",
+    "İstanbul 12",
+    "x" * 8000 + " 123",
+    "class  import  function return;{}$%^×÷<>=*/-+",
+    "ok \ufffd bytes 12",
+    " \t\n lead and trail \u3000",
+    # Markers cut at text edges (texts are scored side by side in a batch) and repeated.
+    "s",
+    "qrt sqrt",
+    "sqrtsqrt qq",
+    "`",
+    "``",
+    "`` ``` ```` `````",
+    "#",
+    "#includ",
+    "e #include#include",
+    "\\",
+    "\\fra",
+    "c\\frac",
+]
+
+
+def _real_prompts(count: int) -> list[str]:
+    prompts = load_dataset(routellm_data_dir(), require_outcomes=False).prompts
+    rng = np.random.default_rng(1)
+    return [prompts[i] for i in rng.choice(len(prompts), count, replace=False)]
 
 
 def test_last_user_turn_with_bounded_context() -> None:
@@ -111,3 +162,67 @@ def test_char_ids_mark_word_characters_as_python_re_does() -> None:
     # PAD is no character: every non-word character maps below it.
     assert char_id("\x00") < PAD_ID
     assert char_ids(["", ""]).shape == (2, 1)
+
+
+def test_numeric_matrix_equals_numeric_features() -> None:
+    # The vectorised batch version must give exactly the plain per-text definition, whatever the
+    # batch size and the neighbours of a text.
+    cleans = [clean_text(t) for t in [*_real_prompts(1500), *ODD]]
+    normalized = [normalize_text(c) for c in cleans]
+    expected = np.array([numeric_features(c, n) for c, n in zip(cleans, normalized, strict=True)])
+    for size in (1, 2, 7, 64, len(cleans)):
+        got = np.vstack(
+            [
+                numeric_matrix(cleans[i : i + size], normalized[i : i + size])
+                for i in range(0, len(cleans), size)
+            ]
+        )
+        assert np.array_equal(got, expected), size
+    reversed_rows = numeric_matrix(cleans[::-1], normalized[::-1])
+    assert np.array_equal(reversed_rows, expected[::-1])
+    assert numeric_matrix([], []).shape == (0, expected.shape[1])
+
+
+def test_model_feed_matches_model_inputs() -> None:
+    texts = [*_real_prompts(300), *ODD]
+    columns = model_inputs(texts)
+    cleans = [clean_text(t) for t in texts]
+    kinds = [is_multiple_choice(c) for c in cleans]
+    feed = model_feed(cleans, kinds)
+    for name in TEXT_INPUTS:
+        assert np.array_equal(feed[name], char_ids(columns[name]))
+    for name in NUMERIC_INPUTS:
+        assert feed[name].shape == (len(texts), 1) and feed[name].dtype == np.float32
+        assert np.array_equal(feed[name][:, 0], columns[name])
+    # One kind only: the other text input may shrink to one padding row.
+    mc_only = [c for c, k in zip(cleans, kinds, strict=True) if k]
+    narrow = model_feed(mc_only, [True] * len(mc_only), one_row_if_empty=True)
+    assert narrow["open_text"].tolist() == [[PAD_ID]]
+    assert narrow["mc_text"].shape[0] == len(mc_only)
+    strings = model_feed(cleans[:3], kinds[:3], ids=False)
+    assert strings["mc_text"].shape == (3, 1) and strings["mc_text"].dtype == object
+
+
+def test_answer_suffix_check_equals_lowercasing_everything() -> None:
+    # is_multiple_choice lowercases only the last 7 characters: valid because only these lower to
+    # a character of "answer:" (and none expands to several characters there).
+    sources = {
+        chr(c)
+        for c in range(0x110000)
+        if not 0xD800 <= c < 0xE000 and set(chr(c).lower()) & set("answer:")
+    }
+    assert sources == set("ANSWERanswer:")
+    cases = ["Answer:", "ANSWER: \n", "x answer:", "İanswer:", "ΣANSWER:", "answer", ": answer:"]
+    for text in cases:
+        expected = text.rstrip().lower().endswith("answer:")
+        assert is_multiple_choice(text) == expected, text
+
+
+def test_normalize_ascii_fast_path_equals_split_join() -> None:
+    # Every string up to 4 characters over ASCII whitespace of each kind, case, NUL and non-ASCII.
+    alphabet = ["a", "B", " ", "\t", "\n", "\x0b", "\x0c", "\r", "\x1c", "\x1f", "\x00"]
+    alphabet += ["\x85", "İ"]
+    for length in range(5):
+        for chars in itertools.product(alphabet, repeat=length):
+            text = "".join(chars)
+            assert normalize_text(text) == " ".join(text.lower().split()), repr(text)

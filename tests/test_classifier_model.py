@@ -7,12 +7,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from sklearn.compose import ColumnTransformer
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline
 
 from classifiers.dataset import load_dataset, routellm_data_dir
-from classifiers.export import export
-from classifiers.inference import DifficultyScorer, ModelLoadError
-from classifiers.train import TrainConfig, fit, frame, predict_scores
+from classifiers.export import export, lean_model
+from classifiers.features import BROADCAST_KEY, NUMERIC_INPUTS, clean_text, is_multiple_choice
+from classifiers.inference import BATCH_CELLS, BATCH_ROWS, DifficultyScorer, ModelLoadError, _chunks
+from classifiers.train import WORD_PATTERN, TrainConfig, fit, frame, predict_scores
 
 DATA = routellm_data_dir()
 ODD_TEXTS = [
@@ -51,9 +57,53 @@ def test_onnx_matches_sklearn_on_real_prompts(trained: tuple) -> None:
     sk_scores = predict_scores(pipeline, frame(prompts))
     assert np.abs(onnx_scores - sk_scores).max() <= 1e-5
     assert ((onnx_scores >= 0) & (onnx_scores <= 1)).all()
-    # Batched and one-at-a-time scoring agree (chunking must not change a score).
+    # Batched and one-at-a-time scoring agree (chunking must not change a score), with and
+    # without overlapping preprocessing and onnxruntime, and for a small mixed batch.
     singles = np.array([scorer.score_texts([p])[0] for p in prompts[:50]])
     assert np.abs(singles - onnx_scores[:50]).max() <= 1e-6
+    sequential = scorer.score_texts(prompts, overlap=False)
+    assert np.abs(sequential - onnx_scores).max() <= 1e-6
+    mixed = prompts[695:715]  # unseen GSM8K prompts, then MMLU ones
+    assert len({is_multiple_choice(clean_text(p)) for p in mixed}) == 2
+    assert np.abs(scorer.score_texts(mixed) - onnx_scores[695:715]).max() <= 1e-6
+
+
+def test_export_is_the_lean_graph(trained: tuple) -> None:
+    _pipeline, path, _prompts = trained
+    model = onnx.load(path)
+    nodes = model.graph.node
+    counts = [n.output[0] for n in nodes if n.op_type == "TfIdfVectorizer"]
+    assert len(counts) == 4
+    # Each vectorizer's [rows, vocabulary] output only feeds its norm (Mul, squared) and one
+    # MatMul: no full-width idf Mul, Div, normaliser or Concat.
+    for name in counts:
+        readers = sorted(n.op_type for n in nodes if name in n.input)
+        assert readers == ["MatMul", "Mul"], readers
+    assert not {"LinearClassifier", "Normalizer"} & {n.op_type for n in nodes}
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props[BROADCAST_KEY] == "1"
+
+
+def test_unsupported_pipeline_falls_back_to_skl2onnx(tmp_path: Path) -> None:
+    data = load_dataset(DATA)
+    rows = np.flatnonzero(data.benchmark == "gsm8k")[:300]
+    prompts = [data.prompts[i] for i in rows]
+    labels = np.arange(len(prompts)) % 2
+    features = ColumnTransformer(
+        [
+            ("words", TfidfVectorizer(lowercase=False, token_pattern=WORD_PATTERN), "open_text"),
+            ("num", "passthrough", list(NUMERIC_INPUTS)),
+        ]
+    )
+    pipeline = Pipeline([("features", features), ("model", LogisticRegression())])
+    pipeline.fit(frame(prompts), labels)
+    with pytest.raises(NotImplementedError):
+        lean_model(pipeline)
+    path = tmp_path / "fallback.onnx"
+    with pytest.warns(UserWarning, match="skl2onnx"):
+        export(pipeline, path, {})
+    scores = DifficultyScorer.load(path).score_texts(prompts)
+    assert np.abs(scores - predict_scores(pipeline, frame(prompts))).max() <= 1e-5
 
 
 def test_shipped_model_loads_and_scores_requests() -> None:
@@ -114,3 +164,17 @@ def test_request_path_imports_no_sklearn() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_chunks_cover_every_row_once_by_kind_and_length() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 5000, 3000)
+    cleans = ["x" * int(n) for n in lengths]
+    kinds = (rng.random(3000) < 0.7).tolist()
+    chunks = _chunks(cleans, kinds)
+    rows = np.concatenate(chunks)
+    assert sorted(rows.tolist()) == list(range(3000))
+    for chunk in chunks:
+        assert len({kinds[i] for i in chunk}) == 1 and 1 <= len(chunk) <= BATCH_ROWS
+        assert len(chunk) == 1 or len(chunk) * lengths[chunk].max() <= BATCH_CELLS
+    assert [c.tolist() for c in _chunks(cleans[:5], kinds[:5])] == [[0, 1, 2, 3, 4]]

@@ -228,6 +228,7 @@ def test_readyz_reports_down_tier_and_healthz_is_live(proxy: ProxyThread) -> Non
 
 def test_metrics_count_requests_cost_and_classifier_latency(proxy: ProxyThread) -> None:
     post(proxy, {**CHAT, "model": "small"})
+    post(proxy, {**CHAT, "model": "dead"})  # falls back to small
     text = httpx.get(proxy.url + "/metrics").text
     assert 'cost_router_requests_total{policy="passthrough",status="200",tier="small"}' in text
     assert "cost_router_classifier_seconds_count" in text

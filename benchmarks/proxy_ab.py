@@ -1,0 +1,92 @@
+"""Two revisions of the proxy side by side: this tree vs a base checkout, same echo upstream.
+
+For a change to the request path, the machine-independent question is "did it get cheaper?":
+both proxies run at once and are measured alternately, so machine load hits both alike. Closed
+loop (64 clients): sustained req/s and server CPU ms per request; open loop at --rate: added p50
+and p99 over calling the upstream directly (TTFB when streaming).
+
+    git worktree add /tmp/base 38c5072 && cp -r classifiers /tmp/base/   # same classifier in both
+    .venv/bin/python benchmarks/proxy_ab.py --base /tmp/base [--rounds 3] [--rate 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import proxy_overhead as po  # noqa: E402
+
+
+def start(stack: contextlib.ExitStack, tree: Path, echo_url: str, tmp: Path) -> tuple[str, int]:
+    """A proxy serving `tree`'s code (run from its directory, so its packages are the ones
+    imported) in front of the echo upstream."""
+    port = po.free_port()
+    tmp.mkdir()
+    router_yaml, _, _ = po.write_configs(tmp, echo_url, port)
+    po.ROOT = tree
+    proc = stack.enter_context(po.process(
+        [po.PY, "-m", "router.cli", "serve", "--config", str(router_yaml)],
+        f"http://127.0.0.1:{port}/healthz", tmp / "router.log"))  # fmt: skip
+    return f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid
+
+
+def closed_round(targets: dict[str, tuple[str, int]], stream: bool, seconds: float) -> str:
+    out = []
+    for name, (url, pid) in targets.items():
+        spec = po._spec(url, {}, "auto", stream, mode="closed", concurrency=64,
+                        duration=seconds, warmup=1.0)  # fmt: skip
+        cpu0 = po.group_cpu_s(pid)
+        res = po.run_loadgen(spec)
+        cpu_ms = (po.group_cpu_s(pid) - cpu0) / max(res["completed"], 1) * 1000
+        out.append(f"{name} {res['rps']:.0f} req/s {cpu_ms:.3f} ms CPU/req")
+    return " | ".join(out)
+
+
+def open_round(targets: dict[str, str], stream: bool, rate: float, seconds: float) -> str:
+    figures = {}
+    for name, url in targets.items():
+        model = "echo" if name == "direct" else "auto"
+        spec = po._spec(url, {}, model, stream, mode="open", rate=rate, duration=seconds,
+                        warmup=2.0)  # fmt: skip
+        res = po.run_loadgen(spec)
+        key = "ttfb_ms" if stream else "total_ms"
+        figures[name] = (po.pct(res[key], 50), po.pct(res[key], 99))
+    d50, d99 = figures.pop("direct")
+    return " | ".join(f"{n} added p50 +{p50 - d50:.2f} p99 +{p99 - d99:.2f} ms"
+                      for n, (p50, p99) in figures.items())  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, type=Path, help="checkout of the base revision")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per point")
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="proxy-ab-"))
+    echo_port = po.free_port()
+    echo_url = f"http://127.0.0.1:{echo_port}/v1"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(po.process(
+            [po.PY, "-m", "backends.echo_upstream", "--port", str(echo_port)],
+            f"{echo_url}/models", tmp / "echo.log"))  # fmt: skip
+        trees = {"base": a.base.resolve(), "this": po.ROOT}
+        targets = {n: start(stack, t, echo_url, tmp / n) for n, t in trees.items()}
+        urls = {"direct": f"{echo_url}/chat/completions", **{n: u for n, (u, _) in targets.items()}}
+        for r in range(a.rounds):
+            for stream in (False, True):
+                mode = "stream" if stream else "non-stream"
+                print(f"round {r} {mode:10s} closed: {closed_round(targets, stream, a.seconds)}")
+                print(f"round {r} {mode:10s} open {a.rate:.0f}/s: "
+                      f"{open_round(urls, stream, a.rate, a.seconds)} "
+                      f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

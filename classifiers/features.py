@@ -111,7 +111,7 @@ BROADCAST_KEY = "cost_router.text_row_broadcast"
 # One padding row: the text input of a batch whose rows leave it all empty (see model_feed).
 _PAD_ROW = np.full((1, 1), PAD_ID, np.int64)
 _PAD_ROW.flags.writeable = False
-# Up to this many rows, numeric_matrix calls numeric_features row by row (one query at a time).
+# Up to this many rows, numeric_inputs calls numeric_features row by row (one query at a time).
 _FEW_ROWS = 6
 # math.log1p of every count up to the longest cleaned text (HEAD_CHARS + TAIL_CHARS + mark).
 _LOG1P = np.array([math.log1p(k) for k in range(HEAD_CHARS + TAIL_CHARS + 64)])
@@ -367,12 +367,9 @@ def numeric_matrix(cleans: Sequence[str], normalized: Sequence[str]) -> np.ndarr
 
     Vectorised over the code points of all texts joined (per-text Python was most of the batch
     preprocessing time); equal to `numeric_features`, the plain definition, row by row (tested).
-    A few rows go through numeric_features itself: numpy's per-call overhead would dominate.
+    For a few rows numpy's per-call overhead dominates: numeric_inputs does those row by row.
     """
     size = len(cleans)
-    if size <= _FEW_ROWS:
-        rows = [numeric_features(c, n) for c, n in zip(cleans, normalized, strict=True)]
-        return np.array(rows, dtype=np.float64).reshape(size, len(NUMERIC_FEATURES))
     n_chars = np.fromiter(map(len, cleans), np.int64, size)
     n_norm = np.fromiter(map(len, normalized), np.int64, size)
     n_words = np.fromiter((n.count(" ") + 1 if n else 0 for n in normalized), np.int64, size)

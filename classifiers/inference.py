@@ -124,10 +124,7 @@ class DifficultyScorer:
         cleans = [clean_text(t) for t in texts]
         kinds = [is_multiple_choice(c) for c in cleans]
         chunks = _chunks(cleans, kinds)
-        if len(chunks) == 1:
-            scores[:] = self._scores(self._predict(self._feed(cleans, kinds)))
-            return scores
-        if not (self.overlap if overlap is None else overlap):
+        if len(chunks) == 1 or not (self.overlap if overlap is None else overlap):
             for rows in chunks:
                 feed = self._feed([cleans[i] for i in rows], [kinds[i] for i in rows])
                 scores[rows] = self._scores(self._predict(feed))

@@ -28,7 +28,7 @@ from policies.selection import Selection, UnknownPolicyError
 from router.config import TierConfig
 from router.errors import RouterError, error_response, json_response
 from router.schemas import validate_body
-from router.state import RouterState
+from router.state import RouterState, TierLimiter
 from router.stream_relay import StreamMeter, relay
 from router.streaming import DisconnectWatch, RelayResponse, until_disconnect
 
@@ -283,6 +283,19 @@ class _Attempts:
         self.saturated: list[str] = []
         self.failed: list[UpstreamError] = []
 
+    async def admit(self, state: RouterState, call: Call, tier: TierConfig) -> TierLimiter | None:
+        """Try the tier: its limiter, acquired (the caller releases it), or None when it is full."""
+        call.tiers_tried.append(tier.name)
+        limiter = state.limiters[tier.name]
+        if await limiter.acquire():
+            return limiter
+        self.saturated.append(tier.name)
+        return None
+
+    def failure(self, call: Call, tier: TierConfig, exc: UpstreamError) -> None:
+        log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
+        self.failed.append(exc)
+
     def error(self) -> RouterError:
         if not self.failed:
             tiers = ", ".join(self.saturated)
@@ -299,10 +312,7 @@ async def call_tiers(
 ) -> tuple[TierConfig, UpstreamResponse]:
     attempts = _Attempts()
     for tier in chain:
-        limiter = state.limiters[tier.name]
-        call.tiers_tried.append(tier.name)
-        if not await limiter.acquire():
-            attempts.saturated.append(tier.name)
+        if (limiter := await attempts.admit(state, call, tier)) is None:
             continue
         t0 = time.perf_counter()
         try:
@@ -310,8 +320,7 @@ async def call_tiers(
                 call.endpoint, upstream_body(body, tier, False)
             )
         except UpstreamError as exc:
-            log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
-            attempts.failed.append(exc)
+            attempts.failure(call, tier, exc)
             continue
         finally:
             limiter.release()
@@ -362,10 +371,7 @@ async def _open_stream(
 ) -> Response:  # fmt: skip
     attempts = _Attempts()
     for tier in chain:
-        limiter = state.limiters[tier.name]
-        call.tiers_tried.append(tier.name)
-        if not await limiter.acquire():
-            attempts.saturated.append(tier.name)
+        if (limiter := await attempts.admit(state, call, tier)) is None:
             continue
         t0 = time.perf_counter()
         upstream = state.backends[tier.name].stream(call.endpoint, upstream_body(body, tier, True))
@@ -373,8 +379,7 @@ async def _open_stream(
             first = await watch.guard(_first_bytes(upstream, tier), ClientGone)
         except UpstreamError as exc:
             limiter.release()
-            log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
-            attempts.failed.append(exc)
+            attempts.failure(call, tier, exc)
             continue
         except BaseException:
             limiter.release()

@@ -35,6 +35,7 @@ class StreamMeter:
     request: dict[str, Any]
     want_usage: bool
     usage: Usage | None = None  # as reported by the upstream
+    counted: Usage | None = None  # our own count, when the upstream reported none
     usage_chunk: dict[str, Any] | None = None
     last_data: bytes | None = None  # the last forwarded JSON event, raw
     model: str | None = None
@@ -56,10 +57,13 @@ class StreamMeter:
         return False
 
     def final_usage(self) -> Usage:
+        """The reported usage, else our own count (made once: the relay and the charge both ask)."""
         if self.usage is not None:
             return self.usage
-        completion = count_tokens("".join(_texts(self.contents)))
-        return Usage(count_prompt_tokens(self.request), completion, False)
+        if self.counted is None:
+            completion = count_tokens("".join(_texts(self.contents)))
+            self.counted = Usage(count_prompt_tokens(self.request), completion, False)
+        return self.counted
 
     def usage_event(self, usage: Usage, cost_usd: float) -> bytes:
         base = self.usage_chunk or {

@@ -27,10 +27,12 @@ demo: $(STAMP)
 # pytest exits 5 when it collected no tests; make fails on any non-zero status, so that can't pass.
 test: $(STAMP) redis
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

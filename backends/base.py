@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from backends.config import TierConfig
 
 
 class UpstreamError(Exception):
@@ -38,6 +40,16 @@ class UpstreamResponse:
     usage: Usage = field(default_factory=Usage)
 
 
+@dataclass(frozen=True, slots=True)
+class TierLoad:
+    """Live load of one tier's backend (from its /metrics, when it has one)."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    spec_acceptance: float | None = None
+
+
 class Backend(Protocol):
     tier: str
 
@@ -53,3 +65,12 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class BackendClass(Protocol):
+    """What backends/registry.py needs of a backend kind: the tier keys it cannot do without and
+    a constructor from the tier's config."""
+
+    required_keys: ClassVar[tuple[str, ...]]
+
+    def __call__(self, tier: TierConfig) -> Backend: ...

@@ -10,40 +10,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from urllib.parse import urlsplit
 
-if TYPE_CHECKING:
-    from router.config import LaunchConfig, RouterConfig, SpeculativeConfig, TierConfig
-
-# Methods whose drafts come from a second set of weights (`model` in vLLM's speculative config).
-MODEL_METHODS = frozenset({"eagle", "eagle3", "draft_model"})
-# Draft-free methods that match n-grams of the prompt; `prompt_lookup` is our alias of `ngram`.
-NGRAM_METHODS = frozenset({"ngram", "prompt_lookup"})
-
-# Flags the profile sets itself; passing them again through extra_args would bypass validation.
-VLLM_MANAGED_FLAGS = frozenset(
-    {
-        "--host", "--port", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
-        "--quantization", "-q", "--dtype", "--max-model-len", "--gpu-memory-utilization",
-        "--speculative-config", "--served-model-name",
-    }
-)  # fmt: skip
-LLAMA_CPP_MANAGED_FLAGS = frozenset(
-    {
-        "--model", "--model_alias", "--host", "--port", "--n_ctx", "--n_threads",
-        "--draft_model", "--draft_model_num_pred_tokens",
-    }
-)  # fmt: skip
-LLAMA_CPP_PROMPT_LOOKUP = "prompt-lookup-decoding"
-PACKAGE_PREFIX = "package:"
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-Problem = tuple[str, str]  # (key under `launch.`, message)
+from backends.config import TierConfig
+from backends.launch_config import (
+    LLAMA_CPP_PROMPT_LOOKUP,
+    NGRAM_METHODS,
+    PACKAGE_PREFIX,
+    LaunchConfig,
+    SpeculativeConfig,
+    launch_problems,
+)
 
 
 class LaunchError(ValueError):
@@ -64,117 +47,6 @@ class LaunchPlan:
     def shell(self) -> str:
         assignments = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
         return " ".join([*assignments, shlex.join(self.argv)])
-
-
-# --- validation ------------------------------------------------------------------------------
-
-
-def launch_problems(launch: LaunchConfig) -> list[Problem]:
-    """Every impossible combination in one profile, as (key, message) pairs."""
-    problems = _extra_args_problems(launch)
-    problems += [
-        (f"env.{name}", "is not a valid environment variable name")
-        for name in launch.env
-        if not ENV_NAME.fullmatch(name)
-    ]
-    if launch.engine == "vllm":
-        return problems + _vllm_problems(launch)
-    return problems + _llama_cpp_problems(launch)
-
-
-def _extra_args_problems(launch: LaunchConfig) -> list[Problem]:
-    managed = VLLM_MANAGED_FLAGS if launch.engine == "vllm" else LLAMA_CPP_MANAGED_FLAGS
-    problems: list[Problem] = []
-    for arg in launch.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in managed:
-            problems.append(("extra_args", f"{flag!r} is set by the profile's own keys; use those"))
-    return problems
-
-
-def _vllm_problems(launch: LaunchConfig) -> list[Problem]:
-    problems: list[Problem] = []
-    for key in ("n_threads", "n_ctx"):
-        if getattr(launch, key) is not None:
-            problems.append((key, "is a llama.cpp option; vLLM uses max_model_len"))
-    spec = launch.speculative
-    if spec is None:
-        return problems
-    if launch.pipeline_parallel_size > 1:
-        problems.append(
-            (
-                "pipeline_parallel_size",
-                "vLLM documents speculative decoding as not composable with pipeline parallelism",
-            )
-        )
-    return problems + _vllm_spec_problems(spec, launch.tensor_parallel_size)
-
-
-def _vllm_spec_problems(spec: SpeculativeConfig, tensor_parallel_size: int) -> list[Problem]:
-    problems: list[Problem] = []
-    if spec.method in MODEL_METHODS:
-        if not spec.draft_model:
-            problems.append(("speculative.draft_model", f"method {spec.method!r} needs a model"))
-        for key in ("prompt_lookup_min", "prompt_lookup_max"):
-            if getattr(spec, key) is not None:
-                problems.append((f"speculative.{key}", "applies only to method 'ngram'"))
-        dtp = spec.draft_tensor_parallel_size
-        if dtp is not None and dtp not in (1, tensor_parallel_size):
-            problems.append(
-                (
-                    "speculative.draft_tensor_parallel_size",
-                    f"must be 1 or the target's tensor_parallel_size ({tensor_parallel_size})",
-                )
-            )
-        return problems
-    # n-gram: no weights to load, so the model-only keys are meaningless.
-    for key in ("draft_model", "draft_tensor_parallel_size", "quantization"):
-        if getattr(spec, key) is not None:
-            problems.append((f"speculative.{key}", f"does not apply to method {spec.method!r}"))
-    if spec.prompt_lookup_max is None:
-        problems.append(("speculative.prompt_lookup_max", "is required for method 'ngram'"))
-    elif spec.prompt_lookup_min is not None and spec.prompt_lookup_min > spec.prompt_lookup_max:
-        problems.append(
-            ("speculative.prompt_lookup_min", "must not exceed speculative.prompt_lookup_max")
-        )
-    return problems
-
-
-def _llama_cpp_problems(launch: LaunchConfig) -> list[Problem]:
-    problems: list[Problem] = []
-    if launch.tensor_parallel_size != 1:
-        problems.append(("tensor_parallel_size", "llama.cpp server runs one process; must be 1"))
-    if launch.pipeline_parallel_size != 1:
-        problems.append(("pipeline_parallel_size", "llama.cpp server runs one process; must be 1"))
-    if launch.quantization is not None:
-        problems.append(("quantization", "a GGUF file is already quantized; pick the GGUF instead"))
-    for key in ("dtype", "gpu_memory_utilization"):
-        if getattr(launch, key) is not None:
-            problems.append((key, "is a vLLM option, not a llama.cpp server one"))
-    if launch.max_model_len is not None:
-        problems.append(("max_model_len", "is a vLLM option; llama.cpp uses n_ctx"))
-    spec = launch.speculative
-    if spec is None:
-        return problems
-    if spec.method not in NGRAM_METHODS:
-        problems.append(
-            ("speculative.method", "llama-cpp-python's server drafts only by prompt lookup")
-        )
-    for key in (
-        "draft_model",
-        "prompt_lookup_min",
-        "prompt_lookup_max",
-        "draft_tensor_parallel_size",
-        "quantization",
-    ):
-        if getattr(spec, key) is not None:
-            problems.append(
-                (
-                    f"speculative.{key}",
-                    "not a llama-cpp-python server option (it takes num_speculative_tokens only)",
-                )
-            )
-    return problems
 
 
 # --- command lines ---------------------------------------------------------------------------
@@ -286,8 +158,6 @@ def plan_tier(tier: TierConfig, python: str | None = None) -> LaunchPlan:
 def _endpoint_warnings(tier: TierConfig, port: int) -> list[str]:
     if not tier.base_url:
         return []
-    from urllib.parse import urlsplit
-
     upstream_port = urlsplit(tier.base_url).port
     if upstream_port is not None and upstream_port != port:
         return [
@@ -297,6 +167,6 @@ def _endpoint_warnings(tier: TierConfig, port: int) -> list[str]:
     return []
 
 
-def plan_config(config: RouterConfig, python: str | None = None) -> list[LaunchPlan]:
-    """Plans for every tier that has a launch profile, in config order."""
-    return [plan_tier(t, python) for t in config.tiers if t.launch is not None]
+def plan_tiers(tiers: Sequence[TierConfig], python: str | None = None) -> list[LaunchPlan]:
+    """Plans for every tier that has a launch profile, in the order given."""
+    return [plan_tier(t, python) for t in tiers if t.launch is not None]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import orjson
 
 from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse
+from backends.config import TierConfig
 from backends.openai_http import counted_usage, usage_from
-from router.config import TierConfig
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -25,7 +25,7 @@ FALLBACK_STATUSES = frozenset({408, 429})
 
 
 def _litellm() -> Any:
-    import litellm
+    import litellm  # lazy: a second or more to import, and only litellm tiers need it
 
     return litellm
 
@@ -35,13 +35,14 @@ def _as_dict(obj: Any) -> dict[str, Any]:
 
 
 class LiteLLMBackend:
+    required_keys: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, tier: TierConfig) -> None:
         self.tier = tier.name
         self.model = tier.model
         self.base_url = tier.base_url
         self.api_key = os.environ.get(tier.api_key_env) if tier.api_key_env else None
         self.timeout_s = tier.timeout_s
-        self.retries = tier.connect_retries
 
     def _kwargs(self, body: dict[str, Any]) -> dict[str, Any]:
         kwargs = {k: v for k, v in body.items() if k != "model"}
@@ -78,8 +79,6 @@ class LiteLLMBackend:
         try:
             async for chunk in chunks:
                 yield b"data: " + orjson.dumps(_as_dict(chunk)) + b"\n\n"
-        except (UpstreamError, UpstreamClientError):
-            raise
         except Exception as exc:  # noqa: BLE001 - mid-stream provider failure
             raise self._translate(exc) from exc
         yield b"data: [DONE]\n\n"

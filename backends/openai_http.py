@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import httpx
@@ -20,8 +20,8 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 
 from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, Usage
+from backends.config import TierConfig
 from backends.tokens import count_prompt_tokens, count_tokens
-from router.config import TierConfig
 
 
 def usage_from(body: dict[str, Any]) -> Usage | None:
@@ -81,6 +81,8 @@ def _describe(exc: BaseException) -> str:
 
 
 class OpenAIHTTPBackend:
+    required_keys: ClassVar[tuple[str, ...]] = ("base_url",)
+
     def __init__(self, tier: TierConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         assert tier.base_url, "kind 'openai' tiers have a base_url (checked by the config)"
         self.tier = tier.name

@@ -8,12 +8,14 @@ instead of silently vanishing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import get_args
 from weakref import WeakKeyDictionary
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from backends.signals import SignalsPoller, TierSignals
+from backends.signal_poller import SignalsPoller
+from backends.tier_signals import Status, TierSignals
 
 # (metric suffix, TierSignals attribute, help)
 GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -25,7 +27,7 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("ttft_seconds", "ttft_s", "Mean time to first token in the last poll window."),
     ("tpot_seconds", "tpot_s", "Mean time per output token in the last poll window."),
 )  # fmt: skip
-STATES = ("ok", "no_metrics", "unreachable", "error", "not_polled")
+STATES: tuple[str, ...] = get_args(Status)
 PREFIX = "cost_router_backend_"
 
 

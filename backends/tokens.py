@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from trace_format.request_text import upstream_text
+
 
 class _Encoding(Protocol):
     def encode_ordinary(self, text: str) -> list[int]: ...
@@ -35,7 +37,7 @@ def _encoding() -> _Encoding | None:
         if local:
             os.environ["TIKTOKEN_CACHE_DIR"] = local
     try:
-        import tiktoken
+        import tiktoken  # lazy: only once a count is needed, after TIKTOKEN_CACHE_DIR is set
 
         return tiktoken.get_encoding("cl100k_base")
     except Exception:  # noqa: BLE001 - no encoding available offline: fall back to a heuristic
@@ -51,26 +53,6 @@ def count_tokens(text: str) -> int:
     return len(enc.encode_ordinary(text))
 
 
-def prompt_text(body: dict[str, Any]) -> str:
-    """All text the upstream reads: message contents (text parts) or the completion prompt."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        parts: list[str] = []
-        for m in messages:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
-        return "\n".join(parts)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "\n".join(p for p in prompt if isinstance(p, str))
-    return ""
-
-
 def count_prompt_tokens(body: dict[str, Any]) -> int:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
@@ -78,4 +60,4 @@ def count_prompt_tokens(body: dict[str, Any]) -> int:
     # Chat templates add a few tokens per message; 4 is OpenAI's documented rule of thumb.
     messages = body.get("messages")
     overhead = 4 * len(messages) if isinstance(messages, list) else 0
-    return count_tokens(prompt_text(body)) + overhead
+    return count_tokens(upstream_text(body)) + overhead

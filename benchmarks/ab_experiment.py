@@ -32,7 +32,7 @@ import orjson
 import yaml
 from openai import OpenAI
 
-from backends.echo_upstream import running_echo_upstream
+from benchmarks.echo_upstream import running_echo_upstream
 from classifiers.dataset import routellm_data_dir
 
 DATA = routellm_data_dir() / "gsm8k"

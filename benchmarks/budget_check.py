@@ -18,9 +18,11 @@ import statistics
 import time
 import uuid
 
-from policies.budgets import BudgetScope, BudgetStore, InMemoryBudgetStore
-from policies.redis_budgets import RedisBudgetStore
-from router.config import BudgetLimit, BudgetsConfig
+from policies.budgets.memory import InMemoryBudgetStore
+from policies.budgets.redis_store import RedisBudgetStore
+from policies.budgets.scopes import BudgetScope
+from policies.budgets.store import BudgetStore
+from policies.config import BudgetLimit, BudgetsConfig
 
 
 def percentile(values: list[float], q: float) -> float:

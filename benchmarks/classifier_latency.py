@@ -15,11 +15,10 @@ import os
 import sys
 from pathlib import Path
 
-from classifiers.dataset import routellm_data_dir
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from classifiers.bench import run_bench  # noqa: E402
+from classifiers.dataset import routellm_data_dir  # noqa: E402
 
 
 def main() -> None:

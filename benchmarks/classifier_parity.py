@@ -16,10 +16,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from classifiers.config import DEFAULT_MODEL  # noqa: E402
 from classifiers.dataset import load_dataset, routellm_data_dir  # noqa: E402
-from classifiers.export import export  # noqa: E402
-from classifiers.inference import DEFAULT_MODEL, DifficultyScorer  # noqa: E402
-from classifiers.train import TrainConfig, fit, frame, metadata_for, predict_scores  # noqa: E402
+from classifiers.export import export, metadata_for  # noqa: E402
+from classifiers.inference import DifficultyScorer  # noqa: E402
+from classifiers.train import TrainConfig, fit, frame, predict_scores  # noqa: E402
 
 
 def main() -> None:

@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from classifiers.dataset import routellm_data_dir
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from classifiers.dataset import load_dataset  # noqa: E402
+from classifiers.dataset import load_dataset, routellm_data_dir  # noqa: E402
 from classifiers.evaluate import METRICS, bootstrap  # noqa: E402
 from classifiers.train import TrainConfig, cross_val_scores, with_overrides  # noqa: E402
 

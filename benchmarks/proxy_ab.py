@@ -74,7 +74,7 @@ def main() -> None:
     echo_url = f"http://127.0.0.1:{echo_port}/v1"
     with contextlib.ExitStack() as stack:
         stack.enter_context(po.process(
-            [po.PY, "-m", "backends.echo_upstream", "--port", str(echo_port)],
+            [po.PY, "-m", "benchmarks.echo_upstream", "--port", str(echo_port)],
             f"{echo_url}/models", tmp / "echo.log"))  # fmt: skip
         trees = {"base": a.base.resolve(), "this": po.ROOT}
         targets = {n: start(stack, t, echo_url, tmp / n) for n, t in trees.items()}

@@ -1,6 +1,6 @@
 """Latency the proxy adds over calling its upstream directly, side by side with LiteLLM's proxy.
 
-Starts, on free ports: our echo upstream (backends/echo_upstream.py), cost-router in front of it
+Starts, on free ports: our echo upstream (benchmarks/echo_upstream.py), cost-router in front of it
 (`cost-router serve --config`, two tiers on the echo server, requests use `model: auto` so the
 classifier, policy, budget reserve/settle and trace writing are all on the path), and LiteLLM's
 proxy (`litellm --config`, access log off like ours) in front of the same echo server.
@@ -252,7 +252,8 @@ def main() -> None:
     router_yaml, litellm_yaml, log_json = write_configs(tmp, echo_url, router_port)
     print(f"load average before: {os.getloadavg()}; logs in {tmp}", flush=True)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(process([PY, "-m", "backends.echo_upstream", "--port", str(echo_port)],
+        stack.enter_context(process([PY, "-m", "benchmarks.echo_upstream", "--port",
+                                     str(echo_port)],
                                     f"{echo_url}/models", tmp / "echo.log"))  # fmt: skip
         router = stack.enter_context(process(
             [PY, "-m", "router.cli", "serve", "--config", str(router_yaml)],

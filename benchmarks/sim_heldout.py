@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,19 +22,18 @@ from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.evaluate import apgr
 from classifiers.export import export
 from classifiers.train import TrainConfig, fit
-from router.config import config_from_dict
 from simulations.replay import sweep_inputs, trace_scores, two_tier_policy
-from simulations.sim_config import SIMULATOR_DEFAULTS
+from simulations.sim_config import SimConfig, default_sim_config
 from simulations.sweep import default_thresholds
-from simulations.trace import from_dataset
+from simulations.trace import ReplayTrace, from_dataset
 from simulations.tune import Target, tune
 
 DATA = routellm_data_dir()
 
 
-def _row(name: str, config: object, trace: object, seed: int) -> str:
-    scores = trace_scores(trace, config)  # type: ignore[arg-type]
-    inputs = sweep_inputs(config, trace, scores, two_tier_policy(config, None))  # type: ignore[arg-type]
+def _row(name: str, config: SimConfig, trace: ReplayTrace, seed: int) -> str:
+    scores = trace_scores(trace, config.model_path)
+    inputs = sweep_inputs(config.prices, trace, scores, two_tier_policy(config, None))
     r = tune(inputs, Target("quality", 0.95), default_thresholds(1001), 1000, seed)
     iv = r.intervals
     a = apgr(scores, inputs.quality_small, inputs.quality_large)
@@ -61,17 +61,10 @@ def main() -> None:
         model = Path(tmp) / "half.onnx"
         cfg = TrainConfig(seed=args.seed)
         export(fit(ds.subset(train), cfg), model, {"train_config": cfg.as_dict()})
-        data = {**SIMULATOR_DEFAULTS, "classifier": {"model_path": str(model)}}
+        shipped = default_sim_config()
+        half = replace(shipped, env=replace(shipped.env, model_path=str(model)))
         print(f"held-out half: {len(held)} prompts (trained on the other {int(train.sum())})")
-        print(
-            _row(
-                "model trained on the other half",
-                config_from_dict(data, environ={}),
-                held,
-                args.seed,
-            )
-        )
-    shipped = config_from_dict(SIMULATOR_DEFAULTS, environ={})
+        print(_row("model trained on the other half", half, held, args.seed))
     print(_row("shipped model (in-sample here)", shipped, held, args.seed))
 
 

@@ -21,12 +21,24 @@ from pathlib import Path
 import yaml
 
 from classifiers.dataset import routellm_data_dir
-from simulations.sim_config import SIMULATOR_DEFAULTS
 from simulations.synth import SynthSpec, pool_from_trace, write_synthetic
-from simulations.trace import load_trace
+from simulations.trace_loader import load_trace
 
 DATA = routellm_data_dir()
 CLI = Path(sys.executable).with_name("cost-router")
+
+
+def router_config(threshold: float) -> dict[str, object]:
+    """A router config at the simulator's default prices (tier addresses are never called)."""
+
+    def tier(name: str, price: tuple[float, float]) -> dict[str, object]:
+        return {"name": name, "base_url": f"http://{name}.invalid/v1", "model": name,
+                "price": {"input_per_mtok": price[0], "output_per_mtok": price[1]}}
+
+    return {
+        "tiers": [tier("small", (0.6, 0.6)), tier("large", (10.0, 30.0))],
+        "policies": {"balanced": {"type": "threshold", "threshold": threshold}},
+    }
 
 
 def main() -> None:
@@ -44,9 +56,7 @@ def main() -> None:
         size_mb = path.stat().st_size / 1e6
         out = Path(tmp) / "result.json"
         config = Path(tmp) / "router.yaml"
-        data = json.loads(json.dumps(SIMULATOR_DEFAULTS))
-        data["policies"]["balanced"]["threshold"] = args.threshold
-        config.write_text(yaml.safe_dump(data))
+        config.write_text(yaml.safe_dump(router_config(args.threshold)))
         t = time.perf_counter()
         subprocess.run(
             [

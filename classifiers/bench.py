@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from classifiers.config import DEFAULT_MODEL
 from classifiers.dataset import load_dataset
-from classifiers.inference import DEFAULT_MODEL, DifficultyScorer
+from classifiers.inference import DifficultyScorer
 
 
 def rss_bytes() -> int:

@@ -3,7 +3,11 @@
 Training, evaluation and the simulator all call `load_dataset`. A RouteLLM CSV has a `prompt`
 column and one outcome column per model (True/False, 0/1 or a graded score such as a 1-10 judge
 score); the caller names which column is the small and which the large model. Our traces
-(router/trace_schema.py, docs/traces.md) carry outcomes in `outcomes` = {tier or model: score}.
+(trace_format/schema.py, docs/traces.md; read through the one trace reader,
+trace_format/reader.py) carry outcomes in `outcomes` = {tier or model: score}.
+
+Every row keeps a request id (`ids`): a trace record's `id`, or "<CSV path>:<row>" for a CSV row,
+so that per-request decisions (the `random` policy's draw) are replayed as the proxy made them.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from pydantic import ValidationError
 
-from classifiers.features import request_text
-from router.trace_schema import SUPPORTED_VERSIONS, TraceRecord
+from trace_format.reader import TraceFormatError, is_trace_file, iter_lines, validate
+from trace_format.request_text import request_text
+from trace_format.schema import TraceRecord
 
 # RouteLLM's evaluation set: Mixtral is the cheap model, GPT-4 the expensive one.
 DEFAULT_SMALL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
@@ -59,6 +63,9 @@ class RoutingDataset:
     large: np.ndarray
     benchmark: np.ndarray
     source: np.ndarray
+    # Request id per row: the trace record's `id`; for a CSV row "<path>:<row>" (path relative to
+    # the folder given, row = 1-based data row, contaminated rows counted), stable across loads.
+    ids: list[str]
     small_name: str = DEFAULT_SMALL
     large_name: str = DEFAULT_LARGE
     prompt_tokens: np.ndarray | None = None
@@ -91,6 +98,7 @@ class RoutingDataset:
         return replace(
             self,
             prompts=[self.prompts[i] for i in idx],
+            ids=[self.ids[i] for i in idx],
             small=self.small[idx],
             large=self.large[idx],
             benchmark=self.benchmark[idx],
@@ -107,6 +115,7 @@ class RoutingDataset:
 @dataclass
 class _Rows:
     prompts: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
     small: list[float] = field(default_factory=list)
     large: list[float] = field(default_factory=list)
     benchmark: list[str] = field(default_factory=list)
@@ -180,6 +189,7 @@ def _benchmark_of(csv_file: Path, root: Path) -> str:
 def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, rows: _Rows) -> None:
     banned = contaminated_prompts(_contamination_files(path, root)) if exclude else set()
     benchmark = _benchmark_of(path, root)
+    name = _csv_name(path, root)
     with path.open(encoding="utf-8", errors="replace", newline="") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
@@ -194,11 +204,13 @@ def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, row
         rs = header.index(f"{small}_response") if f"{small}_response" in header else None
         rl = header.index(f"{large}_response") if f"{large}_response" in header else None
         start = reader.line_num + 1
+        row = 0
         for record in reader:
             where = f"{path}: line {start}"
             start = reader.line_num + 1
             if not record:
                 continue
+            row += 1
             if len(record) != len(header):
                 raise DatasetError(f"{where}: {len(record)} fields, header has {len(header)}")
             prompt = record[ip]
@@ -206,6 +218,7 @@ def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, row
                 rows.excluded += 1
                 continue
             rows.prompts.append(prompt)
+            rows.ids.append(f"{name}:{row}")
             rows.small.append(parse_outcome(record[is_], f"{where}: column {small!r}"))
             rows.large.append(parse_outcome(record[il], f"{where}: column {large!r}"))
             rows.benchmark.append(benchmark)
@@ -216,6 +229,12 @@ def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, row
                 extra.append(float("nan"))
             rows.teams.append(None)
     rows.files.append(str(path))
+
+
+def _csv_name(path: Path, root: Path) -> str:
+    # Relative to the folder given (e.g. "gsm8k/gsm8k_responses.csv"), the file name when the
+    # file itself was given: the same row gets the same id whichever way the file is reached.
+    return path.relative_to(root).as_posix() if root.is_dir() else path.name
 
 
 def _outcome(record: TraceRecord, name: str, where: str, required: bool) -> float:
@@ -230,31 +249,9 @@ def _outcome(record: TraceRecord, name: str, where: str, required: bool) -> floa
 def _read_trace(
     path: Path, small: str, large: str, require: bool, context_turns: int, rows: _Rows
 ) -> None:
-    with path.open("rb") as handle:
-        for lineno, raw in enumerate(handle, 1):
-            where = f"{path}: line {lineno}"
-            if not raw.strip():
-                continue
-            try:
-                data = json.loads(raw.decode("utf-8", errors="replace"))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{where}: not JSON ({exc.msg})") from None
-            if not isinstance(data, dict):
-                raise DatasetError(f"{where}: expected a JSON object")
-            for key in ("schema_version", "id", "time"):
-                if key not in data:
-                    raise DatasetError(f"{where}: missing field {key!r}")
-            if data["schema_version"] not in SUPPORTED_VERSIONS:
-                raise DatasetError(
-                    f"{where}: trace schema_version {data['schema_version']!r} is not supported "
-                    f"(this reader knows {sorted(SUPPORTED_VERSIONS)})"
-                )
-            try:
-                record = TraceRecord.model_validate(data)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                loc = ".".join(str(p) for p in err["loc"])
-                raise DatasetError(f"{where}: field {loc!r}: {err['msg']}") from None
+    try:
+        for where, data in iter_lines(path):
+            record = validate(data, where)
             if record.prompt is None and record.messages is None and require:
                 raise DatasetError(f"{where}: missing field 'prompt' (or 'messages')")
             prompt = record.prompt
@@ -262,6 +259,7 @@ def _read_trace(
                 # Live traces may omit content (it is logged only when configured).
                 prompt = request_text({"messages": record.messages or []}, context_turns)
             rows.prompts.append(prompt)
+            rows.ids.append(record.id)
             rows.small.append(_outcome(record, small, where, require))
             rows.large.append(_outcome(record, large, where, require))
             rows.benchmark.append(record.source or path.stem)
@@ -272,6 +270,9 @@ def _read_trace(
             rows.teams.append(record.team)
             rows.small_responses.append(None)
             rows.large_responses.append(None)
+    except TraceFormatError as exc:
+        # The one reader's messages already name the file and line ("<file>: line N: ...").
+        raise DatasetError(str(exc)) from None
     rows.files.append(str(path))
 
 
@@ -281,8 +282,9 @@ def _num(value: float | None) -> float:
 
 def _files(path: Path) -> Iterator[Path]:
     if path.is_dir():
-        yield from sorted(p for p in path.rglob("*") if p.suffix in {".csv", ".jsonl"}
-                          and p.name != CONTAMINATION_FILE)
+        # CSVs, and the trace folder layout's files (rotated ones included, feedback excluded).
+        yield from sorted(p for p in path.rglob("*") if p.name != CONTAMINATION_FILE
+                          and (p.suffix == ".csv" or is_trace_file(p)))
     elif path.is_file():
         yield path
     else:
@@ -306,7 +308,7 @@ def load_dataset(
     rows = _Rows()
     for root in roots:
         for file in _files(root):
-            if file.suffix == ".jsonl":
+            if is_trace_file(file):
                 _read_trace(
                     file,
                     small or DEFAULT_TRACE_SMALL,
@@ -335,6 +337,7 @@ def _to_dataset(rows: _Rows, small: str | None, large: str | None) -> RoutingDat
     teams = np.asarray(rows.teams, dtype=object)
     return RoutingDataset(
         prompts=rows.prompts,
+        ids=rows.ids,
         small=np.asarray(rows.small, dtype=np.float64),
         large=np.asarray(rows.large, dtype=np.float64),
         benchmark=np.asarray(rows.benchmark, dtype=object),

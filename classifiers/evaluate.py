@@ -79,11 +79,16 @@ METRICS: dict[str, Metric] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Estimate:
+    """A point value with its 95% confidence interval and the sample size behind it: the one
+    interval type (classifier metrics here, the simulator's tuning and A/B reports above).
+    A NaN bound is undefined (too few samples for it)."""
+
     value: float
     low: float
     high: float
+    n: int = 0
 
     def __str__(self) -> str:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
@@ -105,7 +110,7 @@ def bootstrap(
         idx = rng.integers(0, n, n)
         values.append(metric(scores[idx], small[idx], large[idx]))
     low, high = np.nanpercentile(values, [2.5, 97.5])
-    return Estimate(metric(scores, small, large), float(low), float(high))
+    return Estimate(metric(scores, small, large), float(low), float(high), n)
 
 
 def report(

@@ -1,10 +1,10 @@
 """scikit-learn pipeline -> ONNX + a metadata JSON next to it. Offline only.
 
-The shipped pipeline (ColumnTransformer of TfidfVectorizers + StandardScaler, optionally
-classifiers.train.SourcePrior, then LogisticRegression) is written as a lean graph built here
-directly. skl2onnx's conversion builds every vectorizer's normalised [rows, vocabulary] matrix,
-concatenates them and only then applies the linear model; here the algebra is folded instead. For
-each vectorizer b with transformer weight t_b and coefficient block W_b,
+The pipeline classifiers.train builds (ColumnTransformer of TfidfVectorizers + StandardScaler,
+optionally classifiers.train.SourcePrior, then LogisticRegression) is written as a lean graph built
+here directly. A generic converter (skl2onnx) builds every vectorizer's normalised [rows,
+vocabulary] matrix, concatenates them and only then applies the linear model; here the algebra is
+folded instead. For each vectorizer b with transformer weight t_b and coefficient block W_b,
 
     logits += (tfidf_b @ (t_b * W_b)) / ||tfidf_b||
 
@@ -13,20 +13,22 @@ norm is one Mul + ReduceSum: no full-width idf Mul, Div or Concat. The scaler is
 numeric weights, and the source prior's logits (a linear function of the same blocks) come out of
 the same MatMuls (extra columns). The text blocks' logits are [1, K] when their input has one row,
 so a batch whose rows all leave one text input empty may feed it as a single padding row
-(classifiers.features.BROADCAST_KEY). Pipelines of any other shape, or a lean graph that would not
-score probe texts as scikit-learn does, fall back to skl2onnx with our character-id converter.
+(classifiers.features.BROADCAST_KEY). Pipelines of any other shape are refused
+(NotImplementedError), and so is a graph that would not score probe texts as scikit-learn does:
+training builds no other shape, so there is no generic fallback.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import warnings
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.compose import ColumnTransformer
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -34,9 +36,26 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from classifiers.features import BROADCAST_KEY, MODEL_INPUTS, NUMERIC_INPUTS, SEP_ID, TEXT_INPUTS
-from classifiers.id_converter import ordered_pool, register
-from classifiers.train import class_values
+from classifiers.dataset import RoutingDataset
+from classifiers.features import (
+    BROADCAST_KEY,
+    MODEL_INPUTS,
+    NUMERIC_INPUTS,
+    SEP_ID,
+    TEXT_INPUTS,
+    clean_text,
+    is_multiple_choice,
+    model_feed,
+)
+from classifiers.ngram_pool import ordered_pool
+from classifiers.train import (
+    SourcePrior,
+    TrainConfig,
+    class_values,
+    frame,
+    predict_scores,
+    training_rows,
+)
 
 TARGET_OPSET = 18
 OUTPUT = "probabilities"
@@ -71,7 +90,7 @@ class _Graph:
         return out
 
 
-def _parts(pipeline: Pipeline) -> tuple[ColumnTransformer, Any, LogisticRegression]:
+def _parts(pipeline: Pipeline) -> tuple[ColumnTransformer, SourcePrior | None, LogisticRegression]:
     """(features, source prior or None, final model), or NotImplementedError."""
     steps = [step for _name, step in pipeline.steps]
     prior = steps[1] if len(steps) == 3 else None
@@ -84,10 +103,12 @@ def _parts(pipeline: Pipeline) -> tuple[ColumnTransformer, Any, LogisticRegressi
 
 
 def _is_prior(step: Any) -> bool:
-    # classifiers.train.SourcePrior: appends softmax(X[:, start:stop] @ W.T + b) @ values_.
-    return type(step).__name__ == "SourcePrior" and all(
-        hasattr(step, a) for a in ("start", "stop", "classifier_", "values_")
-    ) and type(step.classifier_) is LogisticRegression
+    # A fitted SourcePrior: appends softmax(X[:, start:stop] @ W.T + b) @ values_.
+    return (
+        isinstance(step, SourcePrior)
+        and hasattr(step, "classifier_")
+        and type(step.classifier_) is LogisticRegression
+    )
 
 
 def _softmax_weights(model: LogisticRegression) -> tuple[np.ndarray, np.ndarray]:
@@ -139,7 +160,7 @@ def _text_block(
         attributes["weights"] = vectorizer.idf_.astype(np.float32)[columns].tolist()
     ids = column
     if vectorizer.analyzer == "word":
-        # Words are counted as [SEP, word..., SEP] (see classifiers.id_converter).
+        # Words are counted as [SEP, word..., SEP] (see classifiers.ngram_pool).
         sep = graph.const("sep", np.array(SEP_ID, np.int64))
         merged = graph.op("Max", [ids, sep], "word_ids")
         pads = graph.const("pads", np.array([0, 1, 0, 1], np.int64))
@@ -191,7 +212,7 @@ def _blocks(graph: _Graph, features: ColumnTransformer, heads: _Heads) -> None:
             raise NotImplementedError(f"lean export: transformer {name!r} ({transformer!r})")
 
 
-def _prior_logits(graph: _Graph, heads: _Heads, prior: Any, coef: np.ndarray) -> str:
+def _prior_logits(graph: _Graph, heads: _Heads, prior: SourcePrior, coef: np.ndarray) -> str:
     """The final model's logits from the source prior's column: column @ coef[:, -1]."""
     _w, intercept = _softmax_weights(prior.classifier_)
     bias = graph.const("prior_intercept", (intercept + heads.offsets[1]).astype(np.float32))
@@ -260,37 +281,6 @@ def lean_model(pipeline: Pipeline) -> onnx.ModelProto:
     return onnx_model
 
 
-def skl2onnx_model(pipeline: Pipeline) -> onnx.ModelProto:
-    """skl2onnx's generic conversion (any pipeline it supports), text as character ids."""
-    from skl2onnx import to_onnx
-    from skl2onnx.common.data_types import FloatTensorType, Int64TensorType
-
-    # Text columns arrive as character ids (classifiers.features.char_ids), [rows, width]. They are
-    # declared [rows, 1] so that skl2onnx's ColumnTransformer hands each one whole to its
-    # vectorizers (it slices inputs wider than the columns it selects); widened below.
-    register()
-    inputs: list[tuple[str, Any]] = [(name, Int64TensorType([None, 1])) for name in TEXT_INPUTS]
-    inputs += [(name, FloatTensorType([None, 1])) for name in NUMERIC_INPUTS]
-    model = to_onnx(
-        pipeline,
-        initial_types=inputs,
-        options={id(pipeline.steps[-1][1]): {"zipmap": False}},
-        target_opset=TARGET_OPSET,
-    )
-    for graph_input in model.graph.input:
-        if graph_input.name in TEXT_INPUTS:
-            width = graph_input.type.tensor_type.shape.dim[1]
-            width.ClearField("dim_value")
-            width.dim_param = "chars"
-    del model.graph.value_info[:]
-    # skl2onnx collects opset domains in a set, whose order changes with Python's string hashing
-    # from one process to the next; sorting makes the same seed give a byte-identical file.
-    opsets = sorted(model.opset_import, key=lambda o: o.domain)
-    del model.opset_import[:]
-    model.opset_import.extend(opsets)
-    return model
-
-
 # Texts the lean graph must score as scikit-learn does before it is used (a structural check:
 # the tests and benchmarks/classifier_parity.py check parity on real prompts).
 _PROBES = [
@@ -303,11 +293,6 @@ _PROBES = [
 
 
 def _same_as_sklearn(pipeline: Pipeline, model: onnx.ModelProto) -> bool:
-    import onnxruntime as ort
-
-    from classifiers.features import clean_text, is_multiple_choice, model_feed
-    from classifiers.train import frame
-
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     cleans = [clean_text(t) for t in _PROBES]
     feed = model_feed(cleans, [is_multiple_choice(c) for c in cleans])
@@ -317,15 +302,45 @@ def _same_as_sklearn(pipeline: Pipeline, model: onnx.ModelProto) -> bool:
 
 
 def to_onnx_bytes(pipeline: Pipeline) -> bytes:
-    """The lean graph where it covers the pipeline, else skl2onnx's conversion."""
-    try:
-        model = lean_model(pipeline)
-        if not _same_as_sklearn(pipeline, model):
-            raise NotImplementedError("lean graph disagrees with scikit-learn on probe texts")
-    except NotImplementedError as exc:
-        warnings.warn(f"lean export not used: {exc}; exporting with skl2onnx", stacklevel=2)
-        model = skl2onnx_model(pipeline)
+    """The lean graph, checked on probe texts (NotImplementedError for a pipeline it cannot
+    reproduce)."""
+    model = lean_model(pipeline)
+    if not _same_as_sklearn(pipeline, model):
+        raise NotImplementedError("lean export: the graph disagrees with scikit-learn on probes")
     return model.SerializeToString()
+
+
+# A rebuild is byte-identical only with these versions (recorded in the metadata): the solvers'
+# results drift across releases (measured: up to 0.0135 in score between scikit-learn releases).
+BUILD_LIBRARIES = ("scikit-learn", "scipy", "numpy", "onnx")
+
+
+def metadata_for(
+    dataset: RoutingDataset, config: TrainConfig, pipeline: Pipeline, data: list[Path]
+) -> dict[str, Any]:
+    """What `export` writes beside the model about its training: config, data, threshold."""
+    rows, labels = training_rows(dataset, config.margin)
+    scores = predict_scores(pipeline, frame([dataset.prompts[i] for i in rows]))
+    return {
+        # Read by policies.registry when a policy names no threshold: the median training score,
+        # i.e. about half of training-like traffic goes to the large tier.
+        "default_threshold": round(float(np.median(scores)), 4),
+        "built_with": {name: version(name) for name in BUILD_LIBRARIES},
+        "train_config": config.as_dict(),
+        "label": "expected gain of the large model: classes large worse/tie/better "
+        f"(outcome difference beyond margin {config.margin})",
+        "class_values": class_values(pipeline),
+        "context_turns": 2,
+        "data": [str(p) for p in data],
+        "small_model": dataset.small_name,
+        "large_model": dataset.large_name,
+        "rows": int(len(rows)),
+        "rows_per_benchmark": {
+            b: int((dataset.benchmark[rows] == b).sum()) for b in dataset.benchmarks
+        },
+        "class_counts": {str(c): int((labels == c).sum()) for c in (-1, 0, 1)},
+        "excluded_contaminated": dataset.excluded_contaminated,
+    }
 
 
 def export(pipeline: Pipeline, path: str | Path, metadata: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Request -> model input: the one place that turns a request body into the text the model sees.
+"""Request text -> model input (`trace_format.request_text` turns a request body into that text).
 
 Training, evaluation, the proxy and the simulator all go through `request_text` + `model_inputs`,
 so a prompt is scored the same way everywhere. Imports only numpy and the standard library: this
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,8 +25,6 @@ import numpy as np
 # model was trained on is cut.
 HEAD_CHARS = 6000
 TAIL_CHARS = 2000
-# Earlier turns only give context; each contributes at most this many characters (its end).
-CONTEXT_CHARS = 1000
 TRUNCATION_MARK = " … "
 
 # ASCII byte -> lowercase, any ASCII whitespace (str.split's, e.g. \x1c-\x1f too) -> space.
@@ -128,59 +126,6 @@ def _lookup(table: np.ndarray, codes: np.ndarray, of_char: Any) -> np.ndarray:
     values = np.array([of_char(chr(c)) for c in rare.tolist()], table.dtype)
     out[high] = values[np.searchsorted(rare, codes[high])]
     return out
-
-
-def text_of_content(content: Any) -> str:
-    """Text of a message `content`: a string, or a list of parts (non-text parts ignored)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [
-            part["text"]
-            for part in content
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
-        ]
-        return "\n".join(texts)
-    return ""
-
-
-def _prompt_field(prompt: Any) -> str:
-    # Completions accept a string, a list of strings, or token ids (which we cannot read).
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "\n".join(p for p in prompt if isinstance(p, str))
-    return ""
-
-
-def _tail(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[-limit:]
-
-
-def request_text(body: Mapping[str, Any], context_turns: int = 2) -> str:
-    """The text to score: the last user turn, preceded by at most `context_turns` earlier turns.
-
-    Works for chat bodies (`messages`) and completions bodies (`prompt`); anything unreadable
-    contributes no text rather than failing, so a scorer never rejects a request.
-    """
-    if not isinstance(body, Mapping):
-        return ""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return _prompt_field(body.get("prompt"))
-    turns = [m for m in messages if isinstance(m, Mapping)]
-    last_user = next(
-        (i for i in range(len(turns) - 1, -1, -1) if turns[i].get("role") == "user"), None
-    )
-    if last_user is None:
-        # No user turn (e.g. only a system prompt): score whatever the last message says.
-        return text_of_content(turns[-1].get("content")) if turns else ""
-    current = text_of_content(turns[last_user].get("content"))
-    if context_turns <= 0:
-        return current
-    earlier = turns[max(0, last_user - context_turns) : last_user]
-    context = [_tail(text_of_content(m.get("content")), CONTEXT_CHARS) for m in earlier]
-    return "\n".join([*(c for c in context if c), current])
 
 
 def clean_text(text: str | bytes) -> str:
@@ -446,5 +391,3 @@ def char_ids(texts: Sequence[str]) -> np.ndarray:
     return out
 
 
-def request_texts(bodies: Sequence[Mapping[str, Any]], context_turns: int = 2) -> list[str]:
-    return [request_text(b, context_turns) for b in bodies]

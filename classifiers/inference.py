@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from classifiers.config import DEFAULT_MODEL
 from classifiers.features import (
     BROADCAST_KEY,
     MODEL_INPUTS,
@@ -26,10 +27,9 @@ from classifiers.features import (
     clean_text,
     is_multiple_choice,
     model_feed,
-    request_text,
 )
+from trace_format.request_text import request_text
 
-DEFAULT_MODEL = Path(__file__).resolve().parent / "default" / "model.onnx"
 # Rows per onnxruntime call: the graph builds a dense [rows, vocabulary] matrix, so chunks keep
 # memory bounded and cache-friendly.
 BATCH_ROWS = 512

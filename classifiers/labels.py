@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-LABELS = ("large_beats_small", "gain_class")
-
 
 def needs_large(small: np.ndarray, large: np.ndarray, margin: float = 0.0) -> np.ndarray:
     """1 where large - small > margin, else 0 (int array, same length)."""

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +42,7 @@ from classifiers.dataset import RoutingDataset
 from classifiers.features import NUMERIC_INPUTS, model_inputs
 from classifiers.labels import gain_class, known
 
-# Words: maximal runs of 2+ word characters. classifiers.id_converter reproduces exactly this
+# Words: maximal runs of 2+ word characters. classifiers.ngram_pool reproduces exactly this
 # pattern in the ONNX graph from character ids (word boundaries = non-word characters).
 WORD_PATTERN = r"(?u)\w{2,}"
 CLASS_VALUES = {-1: 0.0, 0: 0.5, 1: 1.0}
@@ -189,62 +187,6 @@ def _append(x: Any, column: np.ndarray) -> Any:
     return np.hstack([x, column[:, None]])
 
 
-def _prior_shape(operator: Any) -> None:
-    from skl2onnx.common.data_types import FloatTensorType
-
-    rows = operator.inputs[0].get_first_dimension()
-    width = operator.inputs[0].type.shape[1]
-    operator.outputs[0].type = FloatTensorType([rows, None if width is None else width + 1])
-
-
-def _prior_convert(scope: Any, operator: Any, container: Any) -> None:
-    """ONNX for SourcePrior: Slice, MatMul, Add, Softmax, MatMul, Concat."""
-    from onnx import TensorProto
-
-    prior: SourcePrior = operator.raw_operator
-    x = operator.inputs[0].full_name
-
-    def const(name: str, kind: int, values: np.ndarray) -> str:
-        var = scope.get_unique_variable_name(name)
-        container.add_initializer(var, kind, list(values.shape), values.ravel().tolist())
-        return var
-
-    def node(op: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        out = out or scope.get_unique_variable_name(f"prior_{op.lower()}")
-        container.add_node(op, inputs, out, name=scope.get_unique_operator_name(op), **attrs)
-        return out
-
-    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
-    model = prior.classifier_
-    ends = np.array([prior.stop], np.int64)
-    part = node("Slice", [x, const("starts", i64, np.array([prior.start], np.int64)),
-                          const("ends", i64, ends), const("axes", i64, np.array([1], np.int64))])
-    weights, intercept = model.coef_, model.intercept_
-    if weights.shape[0] == 1:  # two sources: P = sigmoid(z) = softmax([0, z])
-        weights = np.vstack([np.zeros_like(weights), weights])
-        intercept = np.concatenate([[0.0], intercept])
-    coef = const("prior_coef", f32, weights.T.astype(np.float32))
-    logits = node("Add", [node("MatMul", [part, coef]),
-                          const("prior_intercept", f32, intercept.astype(np.float32))])
-    proba = node("Softmax", [logits], axis=1)
-    values = const("prior_values", f32, prior.values_.astype(np.float32)[:, None])
-    column = node("MatMul", [proba, values])
-    node("Concat", [x, column], operator.outputs[0].full_name, axis=1)
-
-
-def register_prior_converter() -> None:
-    """Teach skl2onnx to convert SourcePrior (export's generic fallback path)."""
-    from skl2onnx import update_registered_converter
-
-    update_registered_converter(
-        SourcePrior, "CostRouterSourcePrior", _prior_shape, _prior_convert
-    )
-
-
-# export.py's generic (skl2onnx) path converts whatever this module's pipelines contain.
-register_prior_converter()
-
-
 def training_rows(dataset: RoutingDataset, margin: float) -> tuple[np.ndarray, np.ndarray]:
     """Indices of rows with both outcomes known, and their gain classes (-1, 0, 1)."""
     rows = np.flatnonzero(known(dataset.small, dataset.large))
@@ -342,48 +284,6 @@ def cross_val_scores(
         pipeline = fit_frame(data.iloc[train], labels[train], config, sources[train])
         scores[test] = predict_scores(pipeline, data.iloc[test])
     return rows, scores
-
-
-def fold_ids(dataset: RoutingDataset, rows: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """The fold each row is tested in (same split as cross_val_scores)."""
-    strata = dataset.benchmark[rows].astype(str)
-    out = np.zeros(len(rows), dtype=int)
-    splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
-    for k, (_train, test) in enumerate(splitter.split(rows, strata)):
-        out[test] = k
-    return out
-
-
-BUILD_LIBRARIES = ("scikit-learn", "scipy", "numpy", "skl2onnx", "onnx")
-
-
-def metadata_for(
-    dataset: RoutingDataset, config: TrainConfig, pipeline: Pipeline, data: list[Path]
-) -> dict[str, Any]:
-    rows, labels = training_rows(dataset, config.margin)
-    scores = predict_scores(pipeline, frame([dataset.prompts[i] for i in rows]))
-    return {
-        # Read by policies.registry when a policy names no threshold: the median training score,
-        # i.e. about half of training-like traffic goes to the large tier.
-        "default_threshold": round(float(np.median(scores)), 4),
-        # A rebuild is byte-identical only with these versions: the solvers' results drift
-        # across releases (measured: up to 0.0135 in score between scikit-learn releases).
-        "built_with": {name: version(name) for name in BUILD_LIBRARIES},
-        "train_config": config.as_dict(),
-        "label": "expected gain of the large model: classes large worse/tie/better "
-        f"(outcome difference beyond margin {config.margin})",
-        "class_values": class_values(pipeline),
-        "context_turns": 2,
-        "data": [str(p) for p in data],
-        "small_model": dataset.small_name,
-        "large_model": dataset.large_name,
-        "rows": int(len(rows)),
-        "rows_per_benchmark": {
-            b: int((dataset.benchmark[rows] == b).sum()) for b in dataset.benchmarks
-        },
-        "class_counts": {str(c): int((labels == c).sum()) for c in (-1, 0, 1)},
-        "excluded_contaminated": dataset.excluded_contaminated,
-    }
 
 
 def with_overrides(config: TrainConfig, **overrides: Any) -> TrainConfig:

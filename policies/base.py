@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from backends.base import TierLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,16 +28,6 @@ class BudgetView:
 
 
 @dataclass(frozen=True, slots=True)
-class TierLoad:
-    """Live load of one tier's backend (from its /metrics, when it has one)."""
-
-    running: float | None = None
-    waiting: float | None = None
-    kv_cache_usage: float | None = None
-    spec_acceptance: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class RoutingContext:
     score: float
     team: str | None = None
@@ -52,6 +44,32 @@ class Decision:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class BatchContext:
+    """What `decide_batch` may use besides the scores: the batch's share of RoutingContext.
+
+    `units` and `waiting` are row-aligned with the scores; `budget` is one view for the batch.
+    Each policy reads only what it needs, so a new context field never widens the signature.
+    """
+
+    units: Sequence[str] | None = None  # request ids (RoutingContext.unit per row)
+    budget: BudgetView | None = None
+    # Per tier: the queue length each row saw (NaN: no reading), as RoutingContext.load's waiting.
+    waiting: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def waiting_of(self, tier: str, rows: int) -> np.ndarray:
+        """The tier's queue length per row as float64; all NaN (no reading) without an entry."""
+        if tier not in self.waiting:
+            return np.full(rows, np.nan)
+        w = np.asarray(self.waiting[tier], dtype=np.float64)
+        if len(w) != rows:
+            raise ValueError(f"{len(w)} queue readings of tier {tier!r} for {rows} scores")
+        return w
+
+
+NO_CONTEXT = BatchContext()
+
+
 @runtime_checkable
 class Policy(Protocol):
     name: str
@@ -62,6 +80,27 @@ class Policy(Protocol):
         """Tiers this policy can choose, cheapest first."""
         ...
 
-    def decide_batch(self, scores: np.ndarray) -> np.ndarray:
-        """Vectorised decide() for the simulator: index into tiers() per score."""
+    def decide_batch(self, scores: np.ndarray, ctx: BatchContext = NO_CONTEXT) -> np.ndarray:
+        """Vectorised decide() for the simulator: index into tiers() per score. Row i decides as
+        decide() would with RoutingContext(score=scores[i], unit=ctx.units[i], budget=ctx.budget,
+        load={tier: TierLoad(waiting=w[i]) for tier, w in ctx.waiting.items()}); without units
+        the row numbers ("0", "1", ...) stand in. A NaN queue length is no reading, in both.
+        tests/policies/test_policy_conformance.py checks this for every registered type."""
+        ...
+
+
+@runtime_checkable
+class Tunable(Policy, Protocol):
+    """A policy with one score threshold between a small and a large tier: what `tune` sweeps and
+    budget pacing moves. Wrappers (load shedding) expose their inner policy's threshold.
+
+    tiers() is [small, large]; `isinstance(p, Tunable)` is the check, never a list of classes.
+    """
+
+    small: str
+    large: str
+    threshold: float
+
+    def with_threshold(self, threshold: float) -> Tunable:
+        """The same policy at another threshold (every other setting kept)."""
         ...

@@ -15,8 +15,10 @@ keep: the threshold instead rises as the remaining fraction falls from `slack` t
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
-from policies.base import BudgetView, Decision, RoutingContext
+from policies.base import NO_CONTEXT, BatchContext, BudgetView, Decision, RoutingContext
+from policies.spec import Builder, PolicySpec, TwoTierParams
 
 
 def usable_fraction(budget: BudgetView, reserve: float) -> float:
@@ -67,6 +69,12 @@ class BudgetPacingPolicy:
     def tiers(self) -> list[str]:
         return [self.small, self.large]
 
+    def with_threshold(self, threshold: float) -> BudgetPacingPolicy:
+        """At another base threshold; the ceiling rises to a base above it (never below it)."""
+        top = max(self.max_threshold, float(threshold))
+        return BudgetPacingPolicy(self.name, self.small, self.large, threshold, top, self.slack,
+                                  self.reserve)
+
     def effective_threshold(self, budget: BudgetView | None) -> float:
         if budget is None:
             return self.threshold
@@ -84,7 +92,24 @@ class BudgetPacingPolicy:
         op = ">=" if tier == self.large else "<"
         return Decision(tier, self.name, f"score {ctx.score:.4f} {op} paced threshold {t:.4f}")
 
-    def decide_batch(self, scores: np.ndarray, budget: BudgetView | None = None) -> np.ndarray:
-        """All scores decided under one budget view (None: the base threshold)."""
-        t = self.effective_threshold(budget)
+    def decide_batch(self, scores: np.ndarray, ctx: BatchContext = NO_CONTEXT) -> np.ndarray:
+        """All scores decided under the batch's one budget view (None: the base threshold)."""
+        t = self.effective_threshold(ctx.budget)
         return (np.asarray(scores, dtype=np.float64) >= t).astype(np.int64)
+
+
+class BudgetPacingParams(TwoTierParams):
+    max_threshold: float = Field(default=1.0, ge=0, le=1)
+    slack: float = Field(default=0.2, gt=0, le=1)
+    reserve: float = Field(default=0.02, ge=0, lt=1, description="share of the limit kept back")
+
+
+def build(b: Builder, p: BudgetPacingParams) -> BudgetPacingPolicy:
+    small, large = b.two_tiers(p.small, p.large)
+    t = b.threshold(p)
+    if p.max_threshold < t:
+        raise b.error("max_threshold", f"must be >= threshold ({t:.4f})")
+    return BudgetPacingPolicy(b.name, small, large, t, p.max_threshold, p.slack, p.reserve)
+
+
+SPEC = PolicySpec(BudgetPacingParams, build)

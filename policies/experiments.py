@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from policies.config import ExperimentConfig
 from policies.hashing import unit_uniform
-from router.config import ExperimentConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +61,9 @@ class Experiment:
         return self.config.arms[arm].policy
 
 
-def _timestamp(value: datetime | str | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value.timestamp()
+def _timestamp(value: datetime | None) -> float | None:
+    # ExperimentConfig has parsed the ISO text and made naive times UTC already.
+    return None if value is None else value.timestamp()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +76,7 @@ class Assignment:
 class ExperimentSet:
     """All configured experiments; the first active one that covers the request wins."""
 
-    def __init__(self, configs: list[ExperimentConfig]) -> None:
+    def __init__(self, configs: Sequence[ExperimentConfig]) -> None:
         self.experiments = [Experiment(c) for c in configs]
 
     def assign(self, units: UnitContext, now: float) -> Assignment | None:

@@ -1,8 +1,9 @@
 """API keys -> caller identity. Keys are only ever stored as sha256 hex.
 
 Keys come from the config file (`keys:` with `key_sha256`) and from a run-time store (the budget
-store's Redis, or in process) managed with `cost-router keys create|revoke|list`. A run-time record
-for a hash wins over the config entry, which is how a config key gets revoked without a restart.
+store's Redis, or in process: `policies/budgets/factory.py` builds it next to the budget store)
+managed with `cost-router keys create|revoke|list`. A run-time record for a hash wins over the
+config entry, which is how a config key gets revoked without a restart.
 """
 
 from __future__ import annotations
@@ -11,17 +12,22 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import orjson
 
-from policies.budgets import key_id_of
-from router.config import RouterConfig
+from policies.config import AuthConfig, KeyConfig
 
 log = logging.getLogger("cost_router.keys")
 
 KEY_PREFIX = "sk-cr-"
+
+
+def key_id_of(key_sha256: str) -> str:
+    """Public id of an API key: a prefix of its hash (safe to log, show and put in traces)."""
+    return key_sha256[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,16 +132,20 @@ class RedisKeyStore:
 
 
 class KeyRing:
-    """Authenticates requests and manages keys (config keys + the run-time store)."""
+    """Authenticates requests and manages keys (config keys + the run-time store).
 
-    def __init__(self, config: RouterConfig, store: KeyStore, cache_s: float = 5.0) -> None:
-        self.required = config.auth.required
-        self.default_team = config.auth.default_team
+    `cache_s` (budgets.key_cache_s) bounds how long a revocation takes to reach this replica."""
+
+    def __init__(
+        self, keys: Sequence[KeyConfig], auth: AuthConfig, store: KeyStore, cache_s: float = 5.0
+    ) -> None:
+        self.required = auth.required
+        self.default_team = auth.default_team
         self.store = store
         self.cache_s = cache_s
         self._config: dict[str, KeyRecord] = {
             k.key_sha256: KeyRecord(k.key_sha256, k.team, k.user, k.name, source="config")
-            for k in config.keys
+            for k in keys
         }
         self._cache: dict[str, tuple[KeyRecord | None, float]] = {}
 
@@ -207,10 +217,3 @@ class KeyRing:
         merged.update({r.key_sha256: r for r in await self.store.all()})
         return sorted(merged.values(), key=lambda r: (r.team, r.created, r.key_sha256))
 
-
-def create_keyring(config: RouterConfig, budget_store: object) -> KeyRing:
-    """Run-time keys live next to the budgets: in Redis when the budget store is Redis."""
-    client = getattr(budget_store, "redis", None)
-    store: KeyStore = (RedisKeyStore(client, config.budgets.key_prefix) if client is not None
-                       else InMemoryKeyStore())
-    return KeyRing(config, store, config.budgets.key_cache_s)

@@ -7,12 +7,13 @@ the same draws as the live proxy did and decide_batch agrees with decide exactly
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
 
 import numpy as np
+from pydantic import Field
 
-from policies.base import Decision, RoutingContext
+from policies.base import NO_CONTEXT, BatchContext, Decision, RoutingContext
 from policies.hashing import unit_uniform
+from policies.spec import Builder, PolicyParams, PolicySpec
 
 
 class RandomPolicy:
@@ -37,13 +38,25 @@ class RandomPolicy:
         tier = self.large if u < self.p else self.small
         return Decision(tier, self.name, f"draw {u:.4f} vs p {self.p:.4f}")
 
-    def decide_batch(
-        self, scores: np.ndarray, units: Sequence[str] | None = None
-    ) -> np.ndarray:
-        """units: the request ids (as in RoutingContext.unit); default: row numbers as strings."""
+    def decide_batch(self, scores: np.ndarray, ctx: BatchContext = NO_CONTEXT) -> np.ndarray:
+        """ctx.units: the request ids (as in RoutingContext.unit); default: row numbers."""
         n = len(np.asarray(scores))
-        ids = units if units is not None else [str(i) for i in range(n)]
+        ids = ctx.units if ctx.units is not None else [str(i) for i in range(n)]
         if len(ids) != n:
             raise ValueError(f"{len(ids)} units for {n} scores")
         draws = np.fromiter((unit_uniform(self.seed, u) for u in ids), dtype=np.float64, count=n)
         return (draws < self.p).astype(np.int64)
+
+
+class RandomParams(PolicyParams):
+    small: str | None = None
+    large: str | None = None
+    p: float = Field(ge=0, le=1, description="probability of the large tier")
+    seed: str = ""
+
+
+def build(b: Builder, p: RandomParams) -> RandomPolicy:
+    return RandomPolicy(b.name, *b.two_tiers(p.small, p.large), p.p, p.seed)
+
+
+SPEC = PolicySpec(RandomParams, build)

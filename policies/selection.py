@@ -13,14 +13,14 @@ A selector is immutable; hot reload swaps in a new one (router/reload.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from backends.config import TierConfig
 from policies.base import Policy
-from policies.budgets import key_id_of
+from policies.config import ExperimentConfig, KeyConfig, TeamConfig
 from policies.experiments import ExperimentSet, UnitContext
-from policies.registry import build_policies
-from router.config import RouterConfig
+from policies.keys import key_id_of
 
 ROUTER_PREFIX = "router:"
 
@@ -50,20 +50,29 @@ class Selection:
 
 
 class PolicySelector:
-    def __init__(self, config: RouterConfig, policies: Mapping[str, Policy]) -> None:
-        self.config = config
+    """Built from the routing sections: the built policies by name, the default policy's name,
+    the tiers (for passthrough), teams, keys and experiments (router/state.py's build_selector
+    takes them from a RouterConfig)."""
+
+    def __init__(
+        self,
+        policies: Mapping[str, Policy],
+        default_policy: str,
+        *,
+        tiers: Sequence[TierConfig] = (),
+        teams: Mapping[str, TeamConfig] | None = None,
+        keys: Sequence[KeyConfig] = (),
+        experiments: Sequence[ExperimentConfig] = (),
+    ) -> None:
         self.policies = dict(policies)
-        self.experiments = ExperimentSet(config.experiments)
-        self._passthrough = {t.name: t.name for t in config.tiers}
-        for t in config.tiers:
+        self.default_policy = default_policy
+        self.experiments = ExperimentSet(experiments)
+        self._passthrough = {t.name: t.name for t in tiers}
+        for t in tiers:
             # A tier name wins over another tier's upstream model name.
             self._passthrough.setdefault(t.model, t.name)
-        self._key_policy = {key_id_of(k.key_sha256): k.policy for k in config.keys if k.policy}
-        self._team_policy = {n: t.policy for n, t in config.teams.items() if t.policy}
-
-    @classmethod
-    def from_config(cls, config: RouterConfig) -> PolicySelector:
-        return cls(config, build_policies(config))
+        self._key_policy = {key_id_of(k.key_sha256): k.policy for k in keys if k.policy}
+        self._team_policy = {n: t.policy for n, t in (teams or {}).items() if t.policy}
 
     def policy(self, name: str) -> Policy:
         try:
@@ -98,4 +107,4 @@ class PolicySelector:
             return Selection(self.policy(self._key_policy[key_id]), "key")
         if team is not None and team in self._team_policy:
             return Selection(self.policy(self._team_policy[team]), "team")
-        return Selection(self.policy(self.config.default_policy), "default")
+        return Selection(self.policy(self.default_policy), "default")

@@ -8,12 +8,12 @@ conversion is logged so operators can see which number is really in force.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
+
+from trace_format.reader import TraceFormatError, iter_lines
 
 log = logging.getLogger("cost_router.policies")
 
@@ -40,43 +40,42 @@ def achieved_share(scores: np.ndarray, threshold: float) -> float:
     return float(np.mean(values >= threshold)) if len(values) else 0.0
 
 
-def _records(path: Path) -> Iterator[dict[str, Any]]:
-    try:
-        with path.open("rb") as fh:
-            for line_no, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield orjson.loads(line)
-                except orjson.JSONDecodeError as exc:
-                    raise ReferenceTraceError(f"{path}:{line_no}: not JSON ({exc})") from None
-    except OSError as exc:
-        raise ReferenceTraceError(f"cannot read reference trace {path}: {exc.strerror}") from None
-
-
-def _body(record: dict[str, Any]) -> dict[str, Any] | None:
+def _request_body(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A trace record's content as the request body it came from (chat `messages` or a
+    completions `prompt`), scored the way the proxy scores a request
+    (trace_format/request_text.py)."""
     if record.get("messages"):
         return {"messages": record["messages"]}
     if record.get("prompt"):
-        return {"messages": [{"role": "user", "content": record["prompt"]}]}
+        return {"prompt": record["prompt"]}
     return None
+
+
+def _lines(path: str | Path) -> list[dict[str, Any]]:
+    try:
+        return [data for _, data in iter_lines(path)]
+    except TraceFormatError as exc:
+        raise ReferenceTraceError(str(exc)) from None
 
 
 def load_reference_scores(path: str | Path, model_path: str | None = None,
                           rescore: bool = False) -> np.ndarray:
     """Scores of a trace: its recorded `score` fields, or (rescore) the configured classifier's
     scores of its `prompt`/`messages`, for when the recorded ones came from an older model."""
-    p = Path(path)
+    records = _lines(path)
     if not rescore:
-        scores = [r["score"] for r in _records(p) if isinstance(r.get("score"), int | float)]
+        scores = [r["score"] for r in records if isinstance(r.get("score"), int | float)]
     else:
+        # Imported here, not at the top: onnxruntime (which classifiers.inference loads) is needed
+        # only by a policy that rescores, not whenever a config is checked or policies are built
+        # (`config check`, the simulator, the budget commands).
         from classifiers.inference import DifficultyScorer
 
         scorer = DifficultyScorer.load(model_path)
-        scores = [scorer.score_request(b) for r in _records(p) if (b := _body(r)) is not None]
+        scores = [scorer.score_request(b) for r in records if (b := _request_body(r)) is not None]
     if not scores:
         what = "prompts or messages" if rescore else "score fields"
-        raise ReferenceTraceError(f"reference trace {p} has no {what}")
+        raise ReferenceTraceError(f"reference trace {path} has no {what}")
     return np.asarray(scores, dtype=np.float64)
 
 

@@ -21,9 +21,13 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from backends.registry import build_backends, close_backends
-from policies.budget_metrics import BudgetGauges
-from policies.budgets import BudgetStore, InMemoryBudgetStore
-from policies.keys import InMemoryKeyStore, KeyRing, KeyStore
+from backends.signal_poller import SignalsPoller
+from backends.signals_metrics import register_signals
+from classifiers.inference import DifficultyScorer
+from policies.budgets.factory import build_stores
+from policies.budgets.metrics import BudgetGauges
+from policies.budgets.store import BudgetStore
+from policies.keys import KeyRing, KeyStore
 from policies.selection import PolicySelector
 from router.budget_api import budget_router
 from router.budget_gate import BudgetGate
@@ -34,7 +38,7 @@ from router.feedback import router as feedback_router
 from router.metrics import RouterMetrics
 from router.reload import ConfigReloader
 from router.request_path import handle
-from router.state import RouterState, Scorer, TierLimiter
+from router.state import RouterState, Scorer, TierLimiter, build_selector
 from router.trace_sink import TraceSink
 
 log = logging.getLogger(__name__)
@@ -43,19 +47,17 @@ VIRTUAL_MODELS = ("auto",)
 
 
 def load_scorer(config: RouterConfig) -> Scorer:
-    from classifiers.inference import DifficultyScorer
-
     return DifficultyScorer.load(config.classifier.model_path)
 
 
-def build_budget_store(config: RouterConfig) -> tuple[BudgetStore, KeyStore]:
-    b = config.budgets
-    if b.store == "redis":
-        # Imported lazily: the embedded default runs without Redis.
-        from policies.redis_budgets import build_redis_stores
+def key_ring(config: RouterConfig, store: KeyStore) -> KeyRing:
+    return KeyRing(config.keys, config.auth, store, config.budgets.key_cache_s)
 
-        return build_redis_stores(config)
-    return InMemoryBudgetStore(b.lease_s, b.timezone), InMemoryKeyStore()
+
+def budget_gate(
+    config: RouterConfig, store: BudgetStore, gauges: BudgetGauges | None
+) -> BudgetGate:
+    return BudgetGate(store, config.budgets, config.teams, config.keys, config.tiers, gauges)
 
 
 def build_state(
@@ -68,7 +70,7 @@ def build_state(
 ) -> RouterState:
     metrics = metrics or RouterMetrics()
     if budget_store is None or key_store is None:
-        built_budgets, built_keys = build_budget_store(config)
+        built_budgets, built_keys = build_stores(config.budgets)
         budget_store, key_store = budget_store or built_budgets, key_store or built_keys
     traces = feedback = None
     if config.traces.path:
@@ -76,15 +78,15 @@ def build_state(
         feedback = FeedbackService(config.traces.path, config.traces.backups)
     return RouterState(
         config=config,
-        selector=PolicySelector.from_config(config),
+        selector=build_selector(config),
         scorer=scorer or load_scorer(config),
-        backends=build_backends(config),
+        backends=build_backends(config.tiers),
         limiters={
             t.name: TierLimiter(t.name, t.max_inflight, t.queue_timeout_s, metrics)
             for t in config.tiers
         },
-        keys=KeyRing(config, key_store, config.budgets.key_cache_s),
-        budgets=BudgetGate(budget_store, config, BudgetGauges(metrics.registry)),
+        keys=key_ring(config, key_store),
+        budgets=budget_gate(config, budget_store, BudgetGauges(metrics.registry)),
         metrics=metrics,
         traces=traces,
         feedback=feedback,
@@ -92,14 +94,13 @@ def build_state(
     )
 
 
-def _signals(config: RouterConfig, metrics: RouterMetrics) -> Any:
-    from backends.signals import SignalsPoller, endpoints_from_config
-    from backends.signals_metrics import register_signals
-
-    # Polled: tiers with a metrics_url or a launch profile (see endpoints_from_config).
-    if not config.signals.enabled or not endpoints_from_config(config):
+def _signals(config: RouterConfig, metrics: RouterMetrics) -> SignalsPoller | None:
+    if not config.signals.enabled:
         return None
-    poller = SignalsPoller.from_config(config)
+    # Polled: tiers with a metrics_url or a launch profile (see backends.signal_endpoints).
+    poller = SignalsPoller.for_tiers(config.tiers, config.signals)
+    if not poller.endpoints:
+        return None
     register_signals(poller, metrics.registry)  # per-tier gauges in the router's /metrics
     return poller
 
@@ -144,8 +145,8 @@ def apply_routing(app: FastAPI, selector: PolicySelector, config: RouterConfig) 
             old,
             config=config,
             selector=selector,
-            keys=KeyRing(config, old.keys.store, config.budgets.key_cache_s),
-            budgets=BudgetGate(old.budgets.store, config, old.budgets.gauges),
+            keys=key_ring(config, old.keys.store),
+            budgets=budget_gate(config, old.budgets.store, old.budgets.gauges),
             pending=old.pending,
         ),
     )
@@ -162,7 +163,7 @@ def create_app(
         state = build_state(config, **state_kwargs)
         app.state.router = state
         await start_state(state)
-        reloader = _start_reloader(app, config_path)
+        reloader = app.state.reloader = _start_reloader(app, config_path)
         try:
             yield
         finally:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from policies.budgets import BudgetUnavailable
+from policies.budgets.store import BudgetUnavailable
 from router.errors import RouterError, json_response
 from router.request_path import identify
 

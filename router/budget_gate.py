@@ -12,24 +12,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backends.config import TierConfig
 from policies.base import BudgetView
-from policies.budget_metrics import BudgetGauges
-from policies.budgets import (
-    BudgetExceeded,
-    BudgetScope,
-    BudgetStore,
-    BudgetUnavailable,
-    WorstCase,
-    key_id_of,
-    requested_max_tokens,
-    worst_case,
-)
+from policies.budgets.estimate import WorstCase, requested_max_tokens, worst_case
+from policies.budgets.metrics import BudgetGauges
+from policies.budgets.scopes import BudgetScope, ScopeLimits
+from policies.budgets.store import BudgetExceeded, BudgetStore, BudgetUnavailable
+from policies.config import BudgetsConfig, KeyConfig, TeamConfig
 from policies.keys import Identity
-from router.config import RouterConfig, TierConfig
 from router.errors import RouterError
 
 log = logging.getLogger(__name__)
@@ -53,29 +47,33 @@ def _refusal(exc: BudgetExceeded) -> RouterError:
 
 
 class BudgetGate:
+    """Built from the sections it reads: `budgets`, `teams`, `keys`, and the tiers (prices and
+    fallbacks of the chains it may downgrade to)."""
+
     def __init__(
-        self, store: BudgetStore, config: RouterConfig, gauges: BudgetGauges | None = None
+        self,
+        store: BudgetStore,
+        settings: BudgetsConfig,
+        teams: Mapping[str, TeamConfig],
+        keys: Sequence[KeyConfig],
+        tiers: Sequence[TierConfig],
+        gauges: BudgetGauges | None = None,
     ) -> None:
         self.store = store
-        self.config = config
+        self.settings = settings
         self.gauges = gauges  # one per metrics registry: survives hot reloads of the gate
+        self.limits = ScopeLimits(teams, keys)
+        self._tiers = {t.name: t for t in tiers}
         self._seen_teams: set[str] = set()
         self._views: dict[str, tuple[float, BudgetView]] = {}
-        self.settings = config.budgets
-        self._limited_teams = {n for n, t in config.teams.items() if t.budget is not None}
-        self._limited_keys = any(k.budget is not None for k in config.keys)
-        self._key_limits = {key_id_of(k.key_sha256): k.budget for k in config.keys}
 
     def scope(self, identity: Identity) -> BudgetScope:
-        team = self.config.teams.get(identity.team)
-        key_limit = self._key_limits.get(identity.key_id) if identity.key_id else None
-        return BudgetScope(identity.team, identity.key_id, team.budget if team else None,
-                           key_limit)
+        return self.limits.scope(identity.team, identity.key_id)
 
     async def view(self, identity: Identity) -> BudgetView | None:
         """The team's budget for policies that pace spend; None when no limit is configured
         (skips a store round trip on every unlimited request)."""
-        if identity.team not in self._limited_teams and not self._limited_keys:
+        if not self.limits.may_be_limited(identity.team):
             return None
         now = time.monotonic()
         hit = self._views.get(identity.team)
@@ -143,7 +141,7 @@ class BudgetGate:
         lower = [t for t in cheaper if self._worst(body, t).nanos < top]
         lower.sort(key=lambda t: self._worst(body, t).nanos, reverse=True)
         for tier in lower:
-            own = [tier, *(self.config.tier(n) for n in tier.fallback if n != tier.name)]
+            own = [tier, *(self._tiers[n] for n in tier.fallback if n != tier.name)]
             yield self._trim(body, own), True
 
     def _trim(self, body: dict[str, Any], chain: list[TierConfig]) -> list[TierConfig]:
@@ -155,7 +153,7 @@ class BudgetGate:
         """Called on each /metrics scrape: one status read per team (configured or served)."""
         if self.gauges is None:
             return
-        for team in sorted(self._seen_teams | set(self.config.teams)):
+        for team in sorted(self._seen_teams | set(self.limits.teams)):
             try:
                 statuses = await self.store.status(self.scope(Identity(team)))
             except BudgetUnavailable:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import typer
 
-from backends.cli import backends_app
-from classifiers.cli import classifier_app
-from policies.budget_cli import budget_app, keys_app
-from policies.experiment_cli import ab_app
-from router.serve_cli import register_serve
-from simulations.cli import register_simulation_commands
+from router.commands.ab import ab_app
+from router.commands.backends import backends_app
+from router.commands.budget import budget_app, keys_app
+from router.commands.classifier import classifier_app
+from router.commands.serve import register_serve
+from router.commands.simulate import register_simulation_commands
 
 app = typer.Typer(
     name="cost-router",

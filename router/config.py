@@ -1,4 +1,5 @@
-"""The router's one configuration model: YAML file + environment overrides, validated by pydantic.
+"""The router's configuration: `RouterConfig` composes each area's own section models and checks
+the references between them; this module owns loading (YAML file + environment overrides).
 
 Environment overrides use ``COST_ROUTER__`` with ``__`` between nested keys, e.g.
 ``COST_ROUTER__SERVER__PORT=9000`` or ``COST_ROUTER__BUDGETS__REDIS_URL=redis://host:6379/0``.
@@ -7,239 +8,32 @@ Values are parsed as YAML scalars, so ``true``/``8``/``0.5`` get their natural t
 
 from __future__ import annotations
 
+import copy
 import os
-import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from backends.config import SignalsConfig, StrictModel, TierConfig
+from backends.registry import tier_problems
+from classifiers.config import ClassifierConfig
+from policies.config import (
+    AuthConfig,
+    BudgetsConfig,
+    ConfigError,
+    ExperimentConfig,
+    KeyConfig,
+    PolicyConfig,
+    TeamConfig,
+)
+from policies.registry import PolicyEnv, validate_policy_params
+
+__all__ = ["ConfigError", "RouterConfig", "config_from_dict", "load_config"]
 
 ENV_PREFIX = "COST_ROUTER__"
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
-
-
-class StrictModel(BaseModel):
-    # Unknown keys are almost always typos; reject them so the error names the key.
-    model_config = ConfigDict(extra="forbid")
-
-
-class Price(StrictModel):
-    input_per_mtok: float = Field(ge=0, description="USD per million prompt tokens")
-    output_per_mtok: float = Field(ge=0, description="USD per million completion tokens")
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        spend = prompt_tokens * self.input_per_mtok + completion_tokens * self.output_per_mtok
-        return spend / 1e6
-
-
-class SpeculativeConfig(StrictModel):
-    """Speculative decoding of a tier's server (vLLM --speculative-config, llama.cpp lookup).
-
-    `prompt_lookup` is accepted as another name for vLLM's `ngram` (both draft by matching n-grams
-    of the prompt). Impossible combinations are rejected by `backends.launch.launch_problems`.
-    """
-
-    method: Literal["ngram", "eagle", "eagle3", "draft_model", "prompt_lookup"] = "ngram"
-    num_speculative_tokens: int = Field(default=5, ge=1, le=64)
-    draft_model: str | None = Field(default=None, description="draft model / EAGLE head (vLLM)")
-    prompt_lookup_min: int | None = Field(default=None, ge=1)
-    prompt_lookup_max: int | None = Field(default=None, ge=1)
-    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
-    quantization: Literal["awq", "gptq", "fp8"] | None = Field(
-        default=None, description="quantization of the draft model's weights (vLLM)"
-    )
-
-
-class LaunchConfig(StrictModel):
-    """How to start a tier's server (used by `cost-router backends plan|launch`)."""
-
-    engine: Literal["vllm", "llama_cpp"] = "vllm"
-    model: str = Field(
-        description="HF id or path (vLLM); GGUF path or 'package:PKG/FILE.gguf' (llama.cpp)"
-    )
-    port: int = Field(default=8000, ge=1, le=65535)
-    host: str = "127.0.0.1"
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
-    quantization: Literal["awq", "gptq", "fp8"] | None = None
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
-    max_model_len: int | None = Field(default=None, ge=1)
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    speculative: SpeculativeConfig | None = None
-    n_threads: int | None = Field(default=None, ge=1)
-    n_ctx: int | None = Field(default=None, ge=1)
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(
-        default_factory=dict, description="server environment, e.g. CUDA_VISIBLE_DEVICES"
-    )
-    ready_timeout_s: float = Field(default=600.0, gt=0, description="launch waits this long")
-
-    @model_validator(mode="after")
-    def _possible(self) -> LaunchConfig:
-        # Imported here: backends.launch imports this module for its types.
-        from backends.launch import launch_problems
-
-        problems = launch_problems(self)
-        if problems:
-            raise ValueError("; ".join(f"{key}: {msg}" for key, msg in problems))
-        return self
-
-
-class TierConfig(StrictModel):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
-    kind: Literal["openai", "litellm", "replay"] = "openai"
-    base_url: str | None = None
-    model: str = Field(description="model name sent upstream")
-    api_key_env: str | None = Field(default=None, description="env var holding the upstream key")
-    price: Price
-    timeout_s: float = Field(default=60.0, gt=0)
-    connect_timeout_s: float = Field(default=2.0, gt=0)
-    connect_retries: int = Field(default=2, ge=0, le=10)
-    max_inflight: int = Field(default=64, ge=1)
-    queue_timeout_s: float = Field(default=0.5, ge=0)
-    fallback: list[str] = Field(
-        default_factory=list, description="tiers to try, in order, on failure"
-    )
-    metrics_url: str | None = Field(default=None, description="Prometheus /metrics of the server")
-    replay_trace: str | None = Field(default=None, description="trace file for kind=replay")
-    launch: LaunchConfig | None = None
-
-    @model_validator(mode="after")
-    def _needs_endpoint(self) -> TierConfig:
-        if self.kind == "openai" and not self.base_url:
-            raise ValueError("base_url is required for kind 'openai'")
-        if self.kind == "replay" and not self.replay_trace:
-            raise ValueError("replay_trace is required for kind 'replay'")
-        return self
-
-
-class ClassifierConfig(StrictModel):
-    model_path: str | None = Field(default=None, description=".onnx file; None = shipped default")
-    context_turns: int = Field(default=2, ge=0, le=20)
-
-
-class PolicyConfig(StrictModel):
-    """One named policy. `type` picks the class in policies/; the remaining keys are its params."""
-
-    model_config = ConfigDict(extra="allow")
-    type: Literal["threshold", "tiers", "budget_pacing", "fixed", "random"]
-
-
-class ExperimentArm(StrictModel):
-    policy: str
-    weight: float = Field(gt=0)
-
-
-class ExperimentConfig(StrictModel):
-    """An A/B split: units hash (with the salt) to arms by weight; see policies/experiments.py."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
-    arms: dict[str, ExperimentArm] = Field(min_length=1)
-    unit: Literal["team", "key", "user", "header"] = "team"
-    header: str | None = Field(default=None, description="header name for unit 'header'")
-    salt: str = Field(default="", description="'' = the experiment name")
-    start: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
-    stop: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
-    teams: list[str] | None = Field(default=None, description="None = all teams")
-
-    @field_validator("start", "stop")
-    @classmethod
-    def _utc(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
-
-    @field_validator("arms")
-    @classmethod
-    def _arm_names(cls, arms: dict[str, ExperimentArm]) -> dict[str, ExperimentArm]:
-        bad = [a for a in arms if not re.fullmatch(r"[A-Za-z0-9_.\-]+", a)]
-        if bad:
-            raise ValueError(f"arm names must match [A-Za-z0-9_.-]+: {bad}")
-        return arms
-
-    @model_validator(mode="after")
-    def _header_named(self) -> ExperimentConfig:
-        if self.unit == "header" and not self.header:
-            raise ValueError("unit 'header' needs 'header'")
-        if self.start and self.stop and self.stop <= self.start:
-            raise ValueError("stop must be after start")
-        return self
-
-
-class BudgetLimit(StrictModel):
-    limit_usd: float | None = Field(default=None, ge=0)
-    period: Literal["daily", "monthly", "total"] = "monthly"
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-
-
-class TeamConfig(StrictModel):
-    budget: BudgetLimit | None = None
-    policy: str | None = None
-
-
-class KeyConfig(StrictModel):
-    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the API key")
-    team: str
-    user: str | None = None
-    name: str | None = None
-    budget: BudgetLimit | None = None
-    policy: str | None = None
-
-
-class AuthConfig(StrictModel):
-    required: bool = Field(default=False, description="require Authorization: Bearer <key>")
-    default_team: str = "default"
-
-
-class BudgetsConfig(StrictModel):
-    store: Literal["memory", "redis"] = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = Field(default="cr", pattern=r"^[A-Za-z0-9_.\-]+$")
-    fail_mode: Literal["closed", "open"] = "closed"
-    lease_s: float = Field(default=120.0, gt=0, description="reservation lease before reclaim")
-    default_max_tokens: int = Field(default=1024, ge=1)
-    enforce_max_tokens: bool = Field(
-        default=True,
-        description="send default_max_tokens upstream when the client gave none, so the "
-        "reserved worst case is a true upper bound",
-    )
-    prompt_estimate: Literal["bytes", "tiktoken"] = Field(
-        default="bytes",
-        description="prompt-token bound for reservations: 'bytes' (UTF-8 bytes, a strict upper "
-        "bound for byte-level BPE) or 'tiktoken' (tighter, not a strict bound)",
-    )
-    timezone: str = "UTC"
-    downgrade: bool = True
-    redis_timeout_s: float = Field(default=1.0, gt=0, description="per-command socket timeout")
-    sweep_interval_s: float = Field(default=10.0, gt=0, description="expired-lease sweeper")
-    key_cache_s: float = Field(default=5.0, ge=0, description="cache of run-time key lookups")
-    view_cache_s: float = Field(
-        default=1.0, ge=0,
-        description="how stale the budget view a policy sees may be (reserve is always exact)",
-    )
-    journal_path: str | None = Field(
-        default=None,
-        description="file for charges made while Redis was down (fail_mode open or a settle "
-        "that could not reach Redis); None keeps them in memory",
-    )
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, zone: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {zone!r}") from None
-        return zone
 
 
 class TracesConfig(StrictModel):
@@ -254,17 +48,6 @@ class ServerConfig(StrictModel):
     port: int = Field(default=8080, ge=1, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(default=30.0, ge=0)
-
-
-class SignalsConfig(StrictModel):
-    """Polling of each tier's /metrics (backends/signals.py) for load-aware routing and traces."""
-
-    enabled: bool = True
-    interval_s: float = Field(default=2.0, gt=0)
-    timeout_s: float = Field(default=1.0, gt=0)
-    stale_after_s: float = Field(
-        default=10.0, gt=0, description="older readings are not given to policies"
-    )
 
 
 class RouterConfig(StrictModel):
@@ -297,37 +80,44 @@ class RouterConfig(StrictModel):
 
     @model_validator(mode="after")
     def _references_resolve(self) -> RouterConfig:
+        problems = [f"tiers.{i}.{key}: {msg}" for i, tier in enumerate(self.tiers)
+                    for key, msg in tier_problems(tier)]
+        if problems:
+            raise ConfigError("; ".join(problems))
         tiers = {t.name for t in self.tiers}
         if self.policies and self.default_policy not in self.policies:
-            raise ValueError(f"default_policy {self.default_policy!r} is not in policies")
+            raise ConfigError(f"default_policy: {self.default_policy!r} is not in policies")
         # With no policies configured, the default policy is built in (policies/registry.py).
         known = set(self.policies) or {self.default_policy}
         for name, team in self.teams.items():
             if team.policy and team.policy not in known:
-                raise ValueError(f"teams.{name}.policy names unknown policy {team.policy!r}")
+                raise ConfigError(f"teams.{name}.policy names unknown policy {team.policy!r}")
         for i, key in enumerate(self.keys):
             if key.policy and key.policy not in known:
-                raise ValueError(f"keys[{i}].policy names unknown policy {key.policy!r}")
+                raise ConfigError(f"keys[{i}].policy names unknown policy {key.policy!r}")
         names = [e.name for e in self.experiments]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"duplicate experiment names: {dupes}")
+            raise ConfigError(f"experiments: duplicate experiment names: {dupes}")
         for i, exp in enumerate(self.experiments):
             for arm, spec in exp.arms.items():
                 if spec.policy not in known:
-                    raise ValueError(
+                    raise ConfigError(
                         f"experiments[{i}].arms.{arm}.policy names unknown policy {spec.policy!r}"
                     )
         for name, pol in self.policies.items():
             for field in ("small", "large", "tier"):
                 ref = (pol.model_extra or {}).get(field)
                 if isinstance(ref, str) and ref not in tiers:
-                    raise ValueError(f"policies.{name}.{field} names unknown tier {ref!r}")
-        # Imported here: policies.registry imports this module. Checks params without file I/O.
-        from policies.registry import validate_policy_params
-
-        validate_policy_params(self)
+                    raise ConfigError(f"policies.{name}.{field} names unknown tier {ref!r}")
+        validate_policy_params(self.policies)  # params only: no file is read here
         return self
+
+    def policy_env(self) -> PolicyEnv:
+        """What building this config's policies needs besides their params."""
+        return PolicyEnv(prices={t.name: t.price for t in self.tiers},
+                         default_policy=self.default_policy,
+                         model_path=self.classifier.model_path)
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -339,8 +129,13 @@ class RouterConfig(StrictModel):
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {loc}: {e['msg']}")
+        loc = ".".join(str(p) for p in e["loc"])
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, ConfigError):
+            # A cross-section check (policy params, tier kinds) already names its key.
+            lines.append(f"  {cause}" if not loc else f"  {loc}: {cause}")
+        else:
+            lines.append(f"  {loc or '(top level)'}: {e['msg']}")
     return "\n".join(lines)
 
 
@@ -371,7 +166,9 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str] | None 
 def config_from_dict(
     data: Mapping[str, Any], source: str = "<dict>", environ: Mapping[str, str] | None = None
 ) -> RouterConfig:
-    merged = dict(data)
+    # Overrides are set in place deep inside the tree: copy it all, so the caller's data (a YAML
+    # file `tune --write` saves back, a module's defaults) never carries environment values.
+    merged = copy.deepcopy(dict(data))
     try:
         apply_env_overrides(merged, environ)
     except (IndexError, ValueError, TypeError) as exc:

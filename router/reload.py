@@ -18,8 +18,10 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from policies.config import ConfigError
 from policies.selection import PolicySelector
-from router.config import ConfigError, RouterConfig, config_from_dict, load_config
+from router.config import RouterConfig, config_from_dict, load_config
+from router.state import build_selector
 
 log = logging.getLogger("cost_router.reload")
 
@@ -77,7 +79,7 @@ class ConfigReloader:
     def prepare(self) -> tuple[PolicySelector, RouterConfig]:
         """Load, validate and build (blocking; no effect on the running config)."""
         merged = merge_routing(self._current(), load_config(self.path))
-        return PolicySelector.from_config(merged), merged
+        return build_selector(merged), merged
 
     async def reload(self, reason: str = "request") -> bool:
         """Validate and apply the file now. False (old config kept, error logged) if it is bad."""

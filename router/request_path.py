@@ -21,16 +21,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, Usage
-from classifiers.features import request_text
+from backends.config import TierConfig
 from policies.base import RoutingContext
 from policies.keys import AuthError, Identity, KeyStoreUnavailable
 from policies.selection import Selection, UnknownPolicyError
-from router.config import TierConfig
+from router.disconnect import DisconnectWatch, RelayResponse, until_disconnect
 from router.errors import RouterError, error_response, json_response
 from router.schemas import validate_body
 from router.state import RouterState, TierLimiter
 from router.stream_relay import StreamMeter, relay
-from router.streaming import DisconnectWatch, RelayResponse, until_disconnect
+from trace_format.request_text import request_text
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ from types import FrameType
 
 import uvicorn
 
+from classifiers.inference import ModelLoadError
 from router.app import create_app, load_scorer
+from router.asgi_front import FastPath
 from router.config import RouterConfig
-from router.fastpath import FastPath
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -56,8 +57,6 @@ def run_server(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     # Load the classifier before listening: a bad model file is a one-line error, not a
     # failed-startup traceback from inside uvicorn.
-    from classifiers.inference import ModelLoadError
-
     try:
         scorer = load_scorer(config)
     except ModelLoadError as exc:

@@ -13,18 +13,19 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from backends.base import Backend
-from policies.base import TierLoad
+from backends.base import Backend, TierLoad
+from backends.config import TierConfig
 from policies.keys import KeyRing
+from policies.registry import build_policies
 from policies.selection import PolicySelector
 from router.budget_gate import BudgetGate
-from router.config import RouterConfig, TierConfig
+from router.config import RouterConfig
 from router.feedback import FeedbackService
 from router.metrics import RouterMetrics
 from router.trace_sink import TraceSink
 
 if TYPE_CHECKING:
-    from backends.signals import SignalsPoller
+    from backends.signal_poller import SignalsPoller
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,18 @@ class TierLimiter:
     def release(self) -> None:
         self._gauge.dec()
         self._sem.release()
+
+
+def build_selector(config: RouterConfig) -> PolicySelector:
+    """The config's policies, built, with the routing sections that choose among them."""
+    return PolicySelector(
+        build_policies(config.policies, config.policy_env()),
+        config.default_policy,
+        tiers=config.tiers,
+        teams=config.teams,
+        keys=config.keys,
+        experiments=config.experiments,
+    )
 
 
 @dataclass

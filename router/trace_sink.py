@@ -5,7 +5,7 @@ A background thread wakes every ``flush_interval_s``, takes everything queued, a
 one go through the stdlib ``RotatingFileHandler``'s file and rollover (``requests.jsonl`` ->
 ``requests.jsonl.1`` ... before a write would pass ``max_bytes``). Waking on a timer rather than
 on every record keeps the writer thread from competing with the event loop for the GIL on each
-request. Records are dicts with trace v1 keys (router/trace_schema.py); building a pydantic model
+request. Records are dicts with trace v1 keys (trace_format/schema.py); building a pydantic model
 per request would cost more than the rest of the write path.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from router.trace_schema import SCHEMA_VERSION
+from trace_format.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 

@@ -20,30 +20,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 from scipy import stats
 
-from router.feedback import FEEDBACK_FILE, load_feedback
-from router.trace_schema import SUPPORTED_VERSIONS
+from classifiers.evaluate import Estimate
+from trace_format.feedback import FEEDBACK_FILE, feedback_path_for, load_feedback
+from trace_format.reader import TraceFormatError, iter_lines, trace_files
 
 Z95 = 1.959963984540054
 
 
 class ReportError(ValueError):
     """Missing or unusable input; the message says which."""
-
-
-@dataclass(frozen=True)
-class Estimate:
-    value: float
-    lo: float
-    hi: float
-    n: int
 
 
 @dataclass(frozen=True)
@@ -90,46 +82,26 @@ NAN_EST = Estimate(math.nan, math.nan, math.nan, 0)
 # ---------------------------------------------------------------- reading
 
 
-def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Files to read: each path, or every trace file in a directory (rotated ones included)."""
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            files += sorted(f for f in p.glob("*.jsonl*") if f.name != FEEDBACK_FILE)
-        elif p.exists():
-            files.append(p)
-        else:
-            raise ReportError(f"trace file not found: {p}")
-    if not files:
-        raise ReportError("no trace files given")
-    return files
-
-
 def load_experiment(paths: Iterable[str | Path], experiment: str) -> list[dict[str, Any]]:
+    """The experiment's traced requests (those with an arm), through the one trace reader."""
     records: list[dict[str, Any]] = []
-    needle = experiment.encode()
-    for path in trace_files(paths):
-        with path.open("rb") as fh:
-            for line_no, line in enumerate(fh, 1):
-                if needle not in line:  # cheap pre-filter before parsing
-                    continue
-                try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    raise ReportError(f"{path}:{line_no}: not JSON") from None
-                version = rec.get("schema_version", 1)
-                if version not in SUPPORTED_VERSIONS:
-                    raise ReportError(f"{path}:{line_no}: trace schema_version {version} is newer "
-                                      f"than this tool supports ({sorted(SUPPORTED_VERSIONS)})")
+    try:
+        files = trace_files(paths)
+        if not files:
+            raise ReportError("no trace files given")
+        for path in files:
+            # Lines that do not mention the experiment are skipped unparsed: traces are large.
+            for _, rec in iter_lines(path, contains=experiment.encode()):
                 if rec.get("experiment") == experiment and rec.get("arm"):
                     records.append(rec)
+    except TraceFormatError as exc:
+        raise ReportError(str(exc)) from None
     return records
 
 
 def default_feedback_path(paths: Sequence[str | Path]) -> Path:
     first = Path(paths[0])
-    return (first if first.is_dir() else first.parent) / FEEDBACK_FILE
+    return first / FEEDBACK_FILE if first.is_dir() else feedback_path_for(first)
 
 
 def infer_large_tier(records: list[dict[str, Any]]) -> str:
@@ -342,10 +314,10 @@ def _fmt(e: Estimate, digits: int = 3, pct: bool = False) -> str:
         return "n/a"
     k = 100.0 if pct else 1.0
     unit = "%" if pct else ""
-    if math.isnan(e.lo) and math.isnan(e.hi):
+    if math.isnan(e.low) and math.isnan(e.high):
         return f"{e.value * k:.{digits}f}{unit}"
     # A bound can be undefined (an upper p95 bound needs enough samples): shown as n/a.
-    lo, hi = (("n/a" if math.isnan(b) else f"{b * k:.{digits}f}") for b in (e.lo, e.hi))
+    lo, hi = (("n/a" if math.isnan(b) else f"{b * k:.{digits}f}") for b in (e.low, e.high))
     return f"{e.value * k:.{digits}f}{unit} [{lo}, {hi}]"
 
 
@@ -398,7 +370,13 @@ def format_table(report: ABReport) -> str:
     return "\n".join(lines)
 
 
-def to_dict(report: ABReport) -> dict[str, Any]:
-    from dataclasses import asdict
+def _json_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # An Estimate keeps the JSON keys this report has always written: value, lo, hi, n.
+    d = dict(pairs)
+    if d.keys() == {"value", "low", "high", "n"}:
+        return {"value": d["value"], "lo": d["low"], "hi": d["high"], "n": d["n"]}
+    return d
 
-    return asdict(report)
+
+def to_dict(report: ABReport) -> dict[str, Any]:
+    return asdict(report, dict_factory=_json_fields)

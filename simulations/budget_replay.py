@@ -13,13 +13,13 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
-from policies.base import BudgetView, Policy, RoutingContext
+from policies.base import BudgetView, Policy, RoutingContext, Tunable
 from policies.budget_pacing import BudgetPacingPolicy
-from policies.budgets import period_window
+from policies.budgets.periods import period_window
+from policies.config import BudgetsConfig
 from policies.registry import build_policies
-from policies.threshold import ThresholdPolicy
-from router.config import RouterConfig
 from simulations.replay import ReplayError, TierPrices
+from simulations.sim_config import SimConfig
 from simulations.trace import LARGE, SMALL, ReplayTrace
 
 
@@ -56,20 +56,23 @@ class TeamTally:
 
 
 def _team_policy(
-    config: RouterConfig, policies: dict[str, Policy], team: str, override: str | None
+    sim: SimConfig, policies: dict[str, Policy], team: str, override: str | None
 ) -> Policy:
-    name = override or (config.teams[team].policy if team in config.teams else None)
-    name = name or config.default_policy
+    name = override or (sim.teams[team].policy if team in sim.teams else None)
+    name = name or sim.default_policy
     if name not in policies:
         raise ReplayError(f"unknown policy {name!r} for team {team!r}")
     return policies[name]
 
 
 def paced(policy: Policy, max_threshold: float = 1.0, slack: float = 0.2) -> BudgetPacingPolicy:
-    """budget_pacing with the policy's own tiers and base threshold (what pacing would change)."""
+    """budget_pacing with the policy's own tiers and base threshold (what pacing would change).
+
+    Any `Tunable` policy can be paced; a load-shedding wrapper has no load reading to act on in
+    this replay, so pacing its threshold is all that changes."""
     if isinstance(policy, BudgetPacingPolicy):
-        return policy
-    if not isinstance(policy, ThresholdPolicy):
+        return policy  # paced already, with its own settings
+    if not isinstance(policy, Tunable):
         raise ReplayError(f"policy {policy.name!r} has no threshold to pace")
     top = max(max_threshold, policy.threshold)
     return BudgetPacingPolicy(
@@ -80,9 +83,9 @@ def paced(policy: Policy, max_threshold: float = 1.0, slack: float = 0.2) -> Bud
 class _Ledger:
     """Spend per (team, period) while the trace is replayed in arrival order."""
 
-    def __init__(self, config: RouterConfig, trace: ReplayTrace, prices: TierPrices) -> None:
-        self.zone = ZoneInfo(config.budgets.timezone)
-        self.downgrade = config.budgets.downgrade
+    def __init__(self, budgets: BudgetsConfig, trace: ReplayTrace, prices: TierPrices) -> None:
+        self.zone = ZoneInfo(budgets.timezone)
+        self.downgrade = budgets.downgrade
         self.prices = prices
         self.cheapest = prices.role_tier(SMALL)
         self.cost = [
@@ -117,7 +120,7 @@ class _Ledger:
 
 
 def budget_replay(
-    config: RouterConfig,
+    sim: SimConfig,
     trace: ReplayTrace,
     scores: np.ndarray,
     policy: str | None = None,
@@ -127,25 +130,26 @@ def budget_replay(
     budget_pacing with its own base threshold."""
     times = trace.require_times()
     teams = trace.require_teams()
-    prices = TierPrices.from_config(config)
-    policies = build_policies(config)
-    ledger = _Ledger(config, trace, prices)
+    units = trace.units()
+    prices = TierPrices.from_prices(sim.prices)
+    policies = build_policies(sim.policies, sim.env)
+    ledger = _Ledger(sim.budgets, trace, prices)
     quality_idx = np.where(prices.role >= 0, prices.role, 0)
     tallies: dict[str, TeamTally] = {}
     chosen: dict[str, Policy] = {}
     for i in range(len(trace)):
         team, now = str(teams[i]), float(times[i])
         if team not in tallies:
-            limit = config.teams[team].budget if team in config.teams else None
+            limit = sim.teams[team].budget if team in sim.teams else None
             tallies[team] = TeamTally(
                 team, limit.limit_usd if limit else None, limit.period if limit else None
             )
-            pol = _team_policy(config, policies, team, policy)
+            pol = _team_policy(sim, policies, team, policy)
             chosen[team] = paced(pol, *pacing) if pacing else pol
         tally = tallies[team]
         tally.requests += 1
         view, period = ledger.view(tally, now)
-        ctx = RoutingContext(score=float(scores[i]), team=team, budget=view, now=now, unit=str(i))
+        ctx = RoutingContext(score=float(scores[i]), team=team, budget=view, now=now, unit=units[i])
         k = ledger.charge(tally, view, period, prices.index(chosen[team].decide(ctx).tier), i, now)
         if k is None:
             continue

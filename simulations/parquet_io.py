@@ -60,6 +60,7 @@ class TraceBatch:
     completion_tokens: np.ndarray  # (n, 2)
     quality: np.ndarray  # (n, 2)
     score: np.ndarray | None
+    ids: list[str] | None = None  # request ids, when the file has an `id` column
 
     def __len__(self) -> int:
         return self.time.shape[0]
@@ -95,11 +96,11 @@ def iter_batches(path: str | Path, batch_rows: int = 262_144) -> Iterator[TraceB
         raise TraceError(f"{p}: not a readable Parquet file ({exc})") from None
     names = pf.schema_arrow.names
     _check_columns(p, names)
-    columns = [c for c in (*REQUIRED, "score") if c in names]
+    columns = [c for c in (*REQUIRED, *OPTIONAL) if c in names]
     start = 0
     last_time = -np.inf
     for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
-        for name in ("prompt", "team"):
+        for name in ("prompt", "team", *(("id",) if "id" in columns else ())):
             if batch.column(name).null_count:
                 raise TraceError(f"{p}: record {start}: missing field {name!r} (null)")
         prompt_idx, prompts = _dict_column(batch.column("prompt"))
@@ -125,6 +126,7 @@ def iter_batches(path: str | Path, batch_rows: int = 262_144) -> Iterator[TraceB
             score=_numeric(batch, "score", p, start).astype(np.float64)
             if "score" in columns
             else None,
+            ids=batch.column("id").to_pylist() if "id" in columns else None,
         )
         start += batch.num_rows
     if start == 0:
@@ -155,6 +157,7 @@ def read_parquet(paths: list[Path]) -> ReplayTrace:
                     teams=np.asarray(b.teams, dtype=object)[b.team_idx],
                     scores=b.score,
                     source=str(path),
+                    ids=b.ids,
                 )
             )
     return _concat(parts)
@@ -165,6 +168,8 @@ def _concat(parts: list[ReplayTrace]) -> ReplayTrace:
         arrays = [getattr(p, attr) for p in parts]
         return None if any(a is None for a in arrays) else np.concatenate(arrays)
 
+    ids = None if any(p.ids is None for p in parts) else [i for p in parts for i in p.ids or []]
+
     return ReplayTrace(
         texts=[t for p in parts for t in p.texts],
         quality=np.concatenate([p.quality for p in parts]),
@@ -174,6 +179,7 @@ def _concat(parts: list[ReplayTrace]) -> ReplayTrace:
         times=cat("times"),
         teams=cat("teams"),
         scores=cat("scores"),
+        ids=ids,
     )
 
 

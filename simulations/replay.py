@@ -1,22 +1,23 @@
 """Replay a trace through the real classifier and a configured policy: tier, cost, quality.
 
 Scores come from classifiers.inference (batch ONNX, the same model and text the proxy uses);
-decisions from policies.registry.build_policies + the policy's decide_batch. Cost is the tier's
-price x the request's token counts; quality is the chosen tier's recorded outcome.
+decisions from policies.registry.build_policies + the policy's decide_batch, per request id (a
+randomised policy draws as the proxy did). Cost is the tier's price x the request's token counts
+(backends.config.cost_nanos, the proxy's formula); quality is the chosen tier's recorded outcome.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from policies.base import Policy
-from policies.budget_pacing import BudgetPacingPolicy
+from backends.config import NANOS_PER_USD, Price, cost_nanos
+from classifiers.inference import DifficultyScorer
+from policies.base import BatchContext, Policy, Tunable
 from policies.registry import build_policies, tiers_by_price
-from policies.threshold import ThresholdPolicy
-from router.config import RouterConfig, TierConfig
+from simulations.sim_config import SimConfig
 from simulations.sweep import SweepInputs
 from simulations.trace import LARGE, SMALL, ReplayTrace, TraceError
 
@@ -27,8 +28,6 @@ class ReplayError(ValueError):
 
 def score_texts(texts: Sequence[str], model_path: str | None) -> np.ndarray:
     """Classifier scores (float64) for texts; each distinct text is scored once."""
-    from classifiers.inference import DifficultyScorer
-
     unique = list(dict.fromkeys(texts))
     scorer = DifficultyScorer.load(model_path)
     by_text = dict(zip(unique, scorer.score_texts(unique).tolist(), strict=True))
@@ -36,9 +35,10 @@ def score_texts(texts: Sequence[str], model_path: str | None) -> np.ndarray:
 
 
 def trace_scores(
-    trace: ReplayTrace, config: RouterConfig, use_recorded: bool = False
+    trace: ReplayTrace, model_path: str | None, use_recorded: bool = False
 ) -> np.ndarray:
-    """Scores for every request: re-scored with the configured model, or the trace's own."""
+    """Scores for every request: re-scored with the model (None: the shipped one), or the
+    trace's own."""
     if use_recorded:
         if trace.scores is None:
             raise TraceError(
@@ -49,7 +49,7 @@ def trace_scores(
             i = int(np.flatnonzero(np.isnan(trace.scores))[0])
             raise TraceError(f"{trace.record(i)}: missing field 'score'")
         return trace.scores
-    return score_texts(trace.texts, config.classifier.model_path)
+    return score_texts(trace.texts, model_path)
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,15 @@ class TierPrices:
     role: np.ndarray  # SMALL for the cheapest tier, LARGE for the priciest, -1 for others
 
     @classmethod
-    def from_config(cls, config: RouterConfig) -> TierPrices:
-        order = tiers_by_price(config)
+    def from_prices(cls, prices: Mapping[str, Price]) -> TierPrices:
+        order = tiers_by_price(prices)
         role = {order[0]: SMALL, order[-1]: LARGE} if len(order) > 1 else {order[0]: SMALL}
-        tiers: list[TierConfig] = list(config.tiers)
+        names = list(prices)
         return cls(
-            names=[t.name for t in tiers],
-            input_per_mtok=np.asarray([t.price.input_per_mtok for t in tiers]),
-            output_per_mtok=np.asarray([t.price.output_per_mtok for t in tiers]),
-            role=np.asarray([role.get(t.name, -1) for t in tiers]),
+            names=names,
+            input_per_mtok=np.asarray([prices[t].input_per_mtok for t in names]),
+            output_per_mtok=np.asarray([prices[t].output_per_mtok for t in names]),
+            role=np.asarray([role.get(t, -1) for t in names]),
         )
 
     def index(self, tier: str) -> int:
@@ -89,10 +89,11 @@ class TierPrices:
         completion_tokens is (n, 2), per outcome role; a tier uses its own role's count."""
         role = np.maximum(self.role[tier_idx], 0)
         completion = completion_tokens[np.arange(tier_idx.shape[0]), role]
-        return (
-            prompt_tokens * self.input_per_mtok[tier_idx]
-            + completion * self.output_per_mtok[tier_idx]
-        ) / 1e6
+        # The proxy's formula (whole nano-USD), so replayed costs equal the traced ones exactly.
+        nanos = cost_nanos(
+            self.input_per_mtok[tier_idx], self.output_per_mtok[tier_idx], prompt_tokens, completion
+        )
+        return np.asarray(nanos, dtype=np.float64) / NANOS_PER_USD
 
     def role_tier(self, role: int) -> int:
         """Config index of the tier that has this outcome role."""
@@ -137,19 +138,25 @@ class ReplayResult:
         }
 
 
-def pick_policy(config: RouterConfig, name: str | None) -> Policy:
-    policies = build_policies(config)
-    key = name or config.default_policy
+def pick_policy(sim: SimConfig, name: str | None) -> Policy:
+    policies = build_policies(sim.policies, sim.env)
+    key = name or sim.default_policy
     if key not in policies:
         raise ReplayError(f"unknown policy {key!r} (configured: {', '.join(sorted(policies))})")
     return policies[key]
 
 
 def decide(
-    policy: Policy, scores: np.ndarray, prices: TierPrices, record: Callable[[int], str]
+    policy: Policy,
+    scores: np.ndarray,
+    prices: TierPrices,
+    record: Callable[[int], str],
+    units: Sequence[str],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Config-order tier index and outcome role per request, from the policy's decide_batch."""
-    local = np.asarray(policy.decide_batch(scores), dtype=np.int64)
+    """Config-order tier index and outcome role per request, from the policy's decide_batch.
+
+    `units` are the requests' ids, so a randomised policy draws as the proxy did for them."""
+    local = np.asarray(policy.decide_batch(scores, BatchContext(units=units)), dtype=np.int64)
     to_config = np.asarray([prices.index(t) for t in policy.tiers()], dtype=np.int64)
     tier_idx = to_config[local]
     role = prices.role[tier_idx]
@@ -163,11 +170,11 @@ def decide(
 
 
 def replay(
-    config: RouterConfig, trace: ReplayTrace, scores: np.ndarray, policy_name: str | None = None
+    sim: SimConfig, trace: ReplayTrace, scores: np.ndarray, policy_name: str | None = None
 ) -> ReplayResult:
-    policy = pick_policy(config, policy_name)
-    prices = TierPrices.from_config(config)
-    tier_idx, role = decide(policy, scores, prices, trace.record)
+    policy = pick_policy(sim, policy_name)
+    prices = TierPrices.from_prices(sim.prices)
+    tier_idx, role = decide(policy, scores, prices, trace.record, trace.units())
     rows = np.arange(len(trace))
     return ReplayResult(
         policy=policy.name,
@@ -179,10 +186,10 @@ def replay(
     )
 
 
-def two_tier_policy(config: RouterConfig, name: str | None) -> Policy:
+def two_tier_policy(sim: SimConfig, name: str | None) -> Tunable:
     """The named policy, which must route by one `threshold` between two tiers."""
-    policy = pick_policy(config, name)
-    if not isinstance(policy, ThresholdPolicy | BudgetPacingPolicy):
+    policy = pick_policy(sim, name)
+    if not isinstance(policy, Tunable):
         raise ReplayError(
             f"policy {policy.name!r} has no single threshold to sweep "
             "(use a 'threshold' or 'budget_pacing' policy)"
@@ -191,20 +198,20 @@ def two_tier_policy(config: RouterConfig, name: str | None) -> Policy:
 
 
 def sweep_inputs(
-    config: RouterConfig, trace: ReplayTrace, scores: np.ndarray, policy: Policy
+    prices: Mapping[str, Price], trace: ReplayTrace, scores: np.ndarray, policy: Tunable
 ) -> SweepInputs:
     """Per-request quality and cost of the policy's small and large tier, for the sweep."""
-    prices = TierPrices.from_config(config)
-    small, large = policy.tiers()
+    tier_prices = TierPrices.from_prices(prices)
+    small, large = policy.small, policy.large
     for tier, want in ((small, SMALL), (large, LARGE)):
-        if prices.role[prices.index(tier)] != want:
+        if tier_prices.role[tier_prices.index(tier)] != want:
             raise ReplayError(
                 f"policy {policy.name!r}: tier {tier!r} is not the config's "
                 f"{'cheapest' if want == SMALL else 'priciest'} tier, which the trace's "
                 f"{'small' if want == SMALL else 'large'} outcomes describe"
             )
     quality = trace.require_quality()
-    cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens)
+    cost = role_costs(tier_prices, trace.prompt_tokens, trace.completion_tokens)
     return SweepInputs(
         scores=np.asarray(scores, dtype=np.float64),
         quality_small=quality[:, SMALL],

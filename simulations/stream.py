@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from policies.base import Policy
-from router.config import RouterConfig
 from simulations.parquet_io import TraceBatch, iter_batches
 from simulations.replay import TierPrices, decide, pick_policy, role_costs
+from simulations.sim_config import SimConfig
 from simulations.sweep import SortedInputs, SweepInputs, default_thresholds
 from simulations.trace import LARGE, SMALL, TraceError
 
@@ -91,7 +91,9 @@ def _add_sweep(
 def _add_batch(
     tot: StreamTotals, b: TraceBatch, scores: np.ndarray, policy: Policy, prices: TierPrices
 ) -> None:
-    tier_idx, role = decide(policy, scores, prices, lambda i: f"record {b.start + i}")
+    # Without an id column, file row numbers: the units an in-memory replay of the file uses.
+    units = b.ids if b.ids is not None else [str(b.start + i) for i in range(len(b))]
+    tier_idx, role = decide(policy, scores, prices, lambda i: f"record {b.start + i}", units)
     rows = np.arange(len(b))
     cost = prices.cost(tier_idx, b.prompt_tokens, b.completion_tokens)
     tot.requests += len(b)
@@ -105,7 +107,7 @@ def _add_batch(
 
 
 def stream_replay(
-    config: RouterConfig,
+    sim: SimConfig,
     path: str | Path,
     score_texts: Scorer,
     policy_name: str | None = None,
@@ -113,8 +115,8 @@ def stream_replay(
     thresholds: np.ndarray | None = None,
     use_recorded: bool = False,
 ) -> StreamTotals:
-    policy = pick_policy(config, policy_name)
-    prices = TierPrices.from_config(config)
+    policy = pick_policy(sim, policy_name)
+    prices = TierPrices.from_prices(sim.prices)
     th = default_thresholds() if thresholds is None else thresholds
     tot = StreamTotals(
         tiers=prices.names,

@@ -1,7 +1,8 @@
 """The simulator's view of a trace: columns as numpy arrays, two outcome roles (small, large).
 
 Rows come from the one loader (classifiers.dataset.load_dataset: RouteLLM CSVs and our JSONL
-traces) or from Parquet (large traces, see simulations/parquet_io.py). Roles map onto the config's
+traces) or from Parquet (large traces, see simulations/parquet_io.py), each with its request id
+(what randomised policies draw on, as in the proxy). Roles map onto the config's
 cheapest and priciest tier. Token counts the trace lacks are estimated from text with tiktoken
 (backends.tokens, the proxy's own counter): prompt tokens from the prompt, completion tokens from
 that model's recorded answer, else a default the caller gives.
@@ -10,12 +11,11 @@ that model's recorded answer, else a default the caller gives.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 from backends.tokens import count_tokens
-from classifiers.dataset import DatasetError, RoutingDataset, load_dataset
+from classifiers.dataset import RoutingDataset
 from simulations.latency import first_out_of_order
 
 SMALL, LARGE = 0, 1
@@ -37,6 +37,7 @@ class ReplayTrace:
     role_names: tuple[str, str] = ("small", "large")  # outcome column/key of each role
     names: np.ndarray | None = None  # (n,) record labels for errors; None: "<source>: record i"
     source: str = "trace"
+    ids: list[str] | None = None  # request ids (trace `id`), what randomised policies draw on
 
     def __post_init__(self) -> None:
         if len(self.texts) == 0:
@@ -44,6 +45,10 @@ class ReplayTrace:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def units(self) -> list[str]:
+        """Each request's id, as the proxy's policies saw it; row numbers if the trace has none."""
+        return self.ids if self.ids is not None else [str(i) for i in range(len(self))]
 
     def record(self, i: int) -> str:
         return str(self.names[i]) if self.names is not None else f"{self.source}: record {i}"
@@ -91,6 +96,7 @@ class ReplayTrace:
             times=opt(self.times),
             teams=opt(self.teams),
             scores=opt(self.scores),
+            ids=None if self.ids is None else [self.ids[i] for i in idx],
         )
 
 
@@ -155,36 +161,5 @@ def from_dataset(ds: RoutingDataset, default_completion_tokens: int | None = Non
         times=ds.timestamps,
         teams=ds.teams,
         role_names=(ds.small_name, ds.large_name),
+        ids=list(ds.ids),
     )
-
-
-def load_trace(
-    paths: list[str | Path],
-    small_column: str | None = None,
-    large_column: str | None = None,
-    default_completion_tokens: int | None = None,
-    exclude_contaminated: bool = True,
-    require_outcomes: bool = True,
-    context_turns: int = 2,
-) -> ReplayTrace:
-    """JSONL traces and RouteLLM CSVs through the one loader; `.parquet` files directly."""
-    parquet = [Path(p) for p in paths if str(p).endswith(".parquet")]
-    others = [p for p in paths if not str(p).endswith(".parquet")]
-    if parquet and others:
-        raise TraceError("give either Parquet traces or JSONL/CSV traces, not both at once")
-    if parquet:
-        from simulations.parquet_io import read_parquet
-
-        return read_parquet(parquet)
-    try:
-        ds = load_dataset(
-            others,
-            small=small_column,
-            large=large_column,
-            exclude_contaminated=exclude_contaminated,
-            require_outcomes=require_outcomes,
-            context_turns=context_turns,
-        )
-    except DatasetError as exc:
-        raise TraceError(str(exc)) from None
-    return from_dataset(ds, default_completion_tokens)

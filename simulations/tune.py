@@ -14,6 +14,7 @@ from typing import Literal
 
 import numpy as np
 
+from classifiers.evaluate import Estimate
 from simulations.sweep import SortedInputs, SweepInputs, SweepResult, sweep
 
 TargetKind = Literal["quality", "cost", "large_share"]
@@ -81,15 +82,6 @@ def _best_reachable(result: SweepResult, target: Target) -> str:
     return f"the smallest large share is {result.large_share.min():.1%}"
 
 
-@dataclass(frozen=True, slots=True)
-class Interval:
-    low: float
-    high: float
-
-    def as_dict(self) -> dict[str, float]:
-        return {"low": self.low, "high": self.high}
-
-
 @dataclass(frozen=True)
 class TuneResult:
     target: Target
@@ -99,7 +91,7 @@ class TuneResult:
     quality_ratio: float
     cost_per_1k: float
     sweep: SweepResult
-    intervals: dict[str, Interval] = field(default_factory=dict)
+    intervals: dict[str, Estimate] = field(default_factory=dict)
     resamples: int = 0
     unmet_resamples: int = 0  # resamples on which no threshold met the target
     bootstrap_method: str = "exact"  # or "moment-matched" (large traces, see bootstrap())
@@ -120,7 +112,7 @@ class TuneResult:
                 "quality": self.sweep.quality_small,
                 "cost_per_1k": self.sweep.cost_small_per_1k,
             },
-            "ci95": {k: v.as_dict() for k, v in self.intervals.items()},
+            "ci95": {k: {"low": v.low, "high": v.high} for k, v in self.intervals.items()},
             "bootstrap_resamples": self.resamples,
             "bootstrap_unmet": self.unmet_resamples,
             "bootstrap_method": self.bootstrap_method,
@@ -198,8 +190,9 @@ def bootstrap(
     seed: int = 0,
     max_cells: int = 2_000_000,
     exact_limit: int | None = None,
-) -> tuple[dict[str, Interval], int]:
-    """95% percentile intervals of the chosen point's metrics and of the re-chosen threshold.
+) -> tuple[dict[str, Estimate], int]:
+    """95% percentile intervals of the chosen point's metrics and of the re-chosen threshold
+    (each Estimate's value is the point on the whole trace: the metric, or the chosen threshold).
 
     Exact Poisson weights per request while n x resamples <= exact_limit; beyond that, the
     moment-matched draw per threshold segment (same mean and covariance, O(thresholds) per draw).
@@ -216,6 +209,12 @@ def bootstrap(
         k: [] for k in ("threshold", "quality", "quality_ratio", "cost_per_1k", "large_share")
     }
     unmet = 0
+    whole = np.zeros((1, n + 1, v.shape[1]))  # every request once: the point values
+    np.cumsum(v, axis=0, out=whole[0, 1:])
+    point = dict(
+        zip(("quality", "quality_ratio", "cost_per_1k", "large_share"), _metrics(whole, split),
+            strict=True)
+    )
     for start in range(0, resamples, rows):
         k = min(rows, resamples - start)
         if exact:
@@ -237,7 +236,8 @@ def bootstrap(
         vals = np.concatenate(parts)
         if vals.size:
             lo, hi = np.percentile(vals, [2.5, 97.5])
-            intervals[name] = Interval(float(lo), float(hi))
+            value = thresholds[chosen] if name == "threshold" else point[name][0, chosen]
+            intervals[name] = Estimate(float(value), float(lo), float(hi), n)
     return intervals, unmet
 
 

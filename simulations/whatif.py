@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from router.config import RouterConfig
 from simulations.latency import (
     LatencyResult,
     TierLatency,
@@ -23,7 +22,10 @@ from simulations.latency import (
     with_speed_factor,
 )
 from simulations.replay import TierPrices, replay, role_costs
+from simulations.sim_config import SimConfig
 from simulations.trace import LARGE, SMALL, ReplayTrace
+
+DEFAULT_DRAFT_LENGTH = 5  # draft tokens per step when neither the command nor a launch profile says
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,7 @@ class Levers:
     small: TierLatency
     large: TierLatency
     spec_acceptance: float = 0.7
-    spec_k: int = 5
+    spec_k: int = DEFAULT_DRAFT_LENGTH
     draft_cost: float = 0.0  # n-gram / prompt-lookup drafting costs ~nothing
     quant_speed: float = 1.6
     quant_quality: float = 0.98
@@ -120,15 +122,15 @@ def run_scenario(
 
 
 def what_if(
-    config: RouterConfig,
+    sim: SimConfig,
     trace: ReplayTrace,
     scores: np.ndarray,
     arrivals: np.ndarray,
     levers: Levers,
     policy: str | None = None,
 ) -> list[ScenarioResult]:
-    prices = TierPrices.from_config(config)
-    routed = replay(config, trace, scores, policy)
+    prices = TierPrices.from_prices(sim.prices)
+    routed = replay(sim, trace, scores, policy)
     role_cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens)
     return [
         run_scenario(s, trace, arrivals, levers, role_cost)
@@ -143,15 +145,6 @@ def spec_summary(levers: Levers) -> str:
         f"{spec_speedup(levers.spec_acceptance, levers.spec_k, levers.draft_cost):.2f}x; "
         f"quantized small: {levers.quant_speed:g}x speed, quality x{levers.quant_quality:g}"
     )
-
-
-def configured_draft_length(config: RouterConfig, default: int = 5) -> int:
-    """k of the priciest tier's speculative launch config, when it has one."""
-    from policies.registry import tiers_by_price
-
-    large = config.tier(tiers_by_price(config)[-1])
-    spec = large.launch.speculative if large.launch else None
-    return spec.num_speculative_tokens if spec else default
 
 
 def poisson_arrivals(n: int, rate_per_s: float, seed: int = 0) -> np.ndarray:

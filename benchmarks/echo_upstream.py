@@ -1,0 +1,281 @@
+"""A small, fast OpenAI-compatible server: the upstream for overhead benchmarks and load tests.
+
+Raw ASGI on uvicorn (no framework) so that it costs as little CPU as possible and the proxy, not
+this server, is what a benchmark measures. It answers `/v1/chat/completions`, `/v1/completions`
+(both streaming and not, with usage) and `/v1/models`.
+
+Behaviour is set per server on the command line and may be overridden per request with an
+``echo`` object in the body (the proxy passes unknown fields through), e.g.
+``{"echo": {"delay_ms": 200, "fail_status": 503}}``.
+
+    python -m benchmarks.echo_upstream --port 0     # prints "listening on http://127.0.0.1:PORT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+@dataclass(frozen=True, slots=True)
+class EchoBehaviour:
+    delay_ms: float = 0.0  # before the (first byte of the) answer
+    chunk_delay_ms: float = 0.0  # between streamed chunks
+    chunks: int = 8  # content chunks per streamed answer
+    fail_status: int = 0  # answer every request with this status (0 = never)
+    usage: bool = True  # False mimics llama.cpp: no usage in streams even when asked
+    model: str = "echo"
+
+    def merged(self, overrides: Any) -> EchoBehaviour:
+        if not isinstance(overrides, dict):
+            return self
+        known = {k: v for k, v in overrides.items() if k in self.__dataclass_fields__}
+        return replace(self, **known)
+
+
+def _words(body: dict[str, Any]) -> int:
+    """A cheap stand-in for a tokenizer: whitespace-separated words of the prompt."""
+    if "messages" in body:
+        total = 0
+        for m in body.get("messages") or []:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                total += len(content.split())
+        return total
+    prompt = body.get("prompt")
+    return len(prompt.split()) if isinstance(prompt, str) else 1
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class EchoApp:
+    def __init__(self, behaviour: EchoBehaviour) -> None:
+        self.behaviour = behaviour
+        self.served = 0
+        self.cancelled = 0  # streams whose client went away before the end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        path = scope["path"]
+        if path in ("/v1/models", "/models"):
+            models = {"object": "list", "data": [{"id": self.behaviour.model, "object": "model"}]}
+            await _send_json(send, 200, models)
+            return
+        if path == "/stats":
+            await _send_json(send, 200, {"served": self.served, "cancelled": self.cancelled})
+            return
+        endpoint = path.removeprefix("/v1/")
+        if scope["method"] != "POST" or endpoint not in ("chat/completions", "completions"):
+            await _send_json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
+            return
+        raw = await _read_body(receive)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            await _send_json(send, 400, {"error": {"message": "bad json", "type": "invalid"}})
+            return
+        await self._answer(endpoint, body, send, receive)
+
+    async def _answer(
+        self, endpoint: str, body: dict[str, Any], send: Send, receive: Receive
+    ) -> None:
+        b = self.behaviour.merged(body.get("echo"))
+        self.served += 1
+        if b.delay_ms:
+            await asyncio.sleep(b.delay_ms / 1000)
+        if b.fail_status:
+            error = {"error": {"message": f"echo failure {b.fail_status}", "type": "echo_failure"}}
+            await _send_json(send, b.fail_status, error)
+            return
+        prompt_tokens = _words(body)
+        if body.get("stream"):
+            await self._stream(endpoint, body, b, prompt_tokens, send, receive)
+            return
+        text = " ".join(["echo"] * b.chunks)
+        await _send_json(send, 200, _full_answer(endpoint, b.model, text, prompt_tokens, b.chunks))
+
+    async def _stream(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        b: EchoBehaviour,
+        prompt_tokens: int,
+        send: Send,
+        receive: Receive,
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        want_usage = b.usage and bool((body.get("stream_options") or {}).get("include_usage"))
+        # uvicorn drops writes to a closed connection silently; watch for the disconnect instead,
+        # so that tests can see that the proxy really closed the upstream stream.
+        gone = asyncio.ensure_future(receive())
+        try:
+            for i in range(b.chunks):
+                if i and b.chunk_delay_ms:
+                    await asyncio.sleep(b.chunk_delay_ms / 1000)
+                if gone.done():
+                    self.cancelled += 1
+                    return
+                last = i == b.chunks - 1
+                chunk = _chunk(endpoint, b.model, "echo " if not last else "echo", last)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if want_usage:
+                tail = _usage_chunk(endpoint, b.model, _usage(prompt_tokens, b.chunks))
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            gone.cancel()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _full_answer(
+    endpoint: str, model: str, text: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    if endpoint == "completions":
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "stop"}
+        obj = "text_completion"
+    else:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        obj = "chat.completion"
+    return {
+        "id": "echo-1",
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(prompt_tokens, completion_tokens),
+    }
+
+
+def _chunk(endpoint: str, model: str, text: str, last: bool) -> bytes:
+    finish = "stop" if last else None
+    if endpoint == "completions":
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": finish}
+        obj = "text_completion"
+    else:
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    payload = {"id": "echo-1", "object": obj, "created": 0, "model": model, "choices": [choice]}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _usage_chunk(endpoint: str, model: str, usage: dict[str, int]) -> bytes:
+    obj = "text_completion" if endpoint == "completions" else "chat.completion.chunk"
+    payload = {"id": "echo-1", "object": obj, "created": 0, "model": model, "choices": [],
+               "usage": usage}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
+    await send({"type": "http.response.body", "body": orjson.dumps(payload)})
+
+
+def serve(behaviour: EchoBehaviour, host: str, port: int) -> None:
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    print(f"listening on http://{host}:{sock.getsockname()[1]}", flush=True)
+    config = uvicorn.Config(
+        EchoApp(behaviour), loop="uvloop", http="httptools", log_level="warning",
+        access_log=False, backlog=4096, timeout_keep_alive=60,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def running_echo_upstream(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
+    """Start the echo server in a subprocess on a free port; yield its base URL (with /v1)."""
+    cmd = [sys.executable, "-m", "benchmarks.echo_upstream", "--port", "0", *args]
+    # Run from the checkout: benchmarks/ is not part of the installed package.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+                            cwd=REPO_ROOT)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        line = ""
+        while time.monotonic() < deadline and not line.startswith("listening on "):
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                raise RuntimeError(f"echo upstream exited with {proc.returncode}")
+        if not line.startswith("listening on "):
+            raise RuntimeError("echo upstream did not start")
+        yield line.removeprefix("listening on ").strip() + "/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--chunk-delay-ms", type=float, default=0.0)
+    parser.add_argument("--chunks", type=int, default=8)
+    parser.add_argument("--fail-status", type=int, default=0)
+    parser.add_argument("--no-usage", action="store_true", help="never send usage in streams")
+    parser.add_argument("--model", default="echo")
+    a = parser.parse_args(argv)
+    behaviour = EchoBehaviour(
+        delay_ms=a.delay_ms, chunk_delay_ms=a.chunk_delay_ms, chunks=a.chunks,
+        fail_status=a.fail_status, usage=not a.no_usage, model=a.model,
+    )
+    serve(behaviour, a.host, a.port)
+
+
+if __name__ == "__main__":
+    main()

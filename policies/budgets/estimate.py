@@ -1,0 +1,72 @@
+"""Worst-case cost of a request, reserved before the upstream call (a true upper bound)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from backends.config import Price
+from backends.tokens import count_tokens
+from policies.budgets.money import nanos_to_usd
+
+# Chat templates add role markers and sometimes a default system prompt; this covers them.
+TEMPLATE_ALLOWANCE_TOKENS = 64
+
+
+def requested_max_tokens(body: dict[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def choices_requested(body: dict[str, Any]) -> int:
+    """Completions are billed per choice: n (and best_of, which generates that many)."""
+    counts = [v for v in (body.get("n"), body.get("best_of"))
+              if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return max(counts, default=1)
+
+
+def prompt_token_bound(body: dict[str, Any], mode: str = "bytes") -> int:
+    """Upper bound on the upstream's prompt tokens.
+
+    'bytes': the UTF-8 length of the JSON of everything that reaches the prompt. A byte-level BPE
+    token covers at least one byte, and JSON only adds characters, so this never undercounts.
+    'tiktoken': cl100k token count with a 25% margin: tighter, but not a strict bound.
+    """
+    parts = [body.get(k) for k in ("messages", "prompt", "tools", "functions", "suffix")]
+    blob = orjson.dumps([p for p in parts if p is not None])
+    if mode == "tiktoken":
+        return math.ceil(count_tokens(blob.decode("utf-8")) * 1.25) + TEMPLATE_ALLOWANCE_TOKENS
+    return len(blob) + TEMPLATE_ALLOWANCE_TOKENS
+
+
+@dataclass(frozen=True, slots=True)
+class WorstCase:
+    prompt_tokens: int
+    completion_tokens: int
+    nanos: int
+
+    @property
+    def usd(self) -> float:
+        return nanos_to_usd(self.nanos)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def worst_case(
+    body: dict[str, Any], price: Price, default_max_tokens: int, mode: str = "bytes"
+) -> WorstCase:
+    """prompt tokens x input price + max_tokens x output price (default when absent), per choice.
+
+    Monotone in both token counts (`Price.cost_nanos`), so the worst case is never below the
+    actual cost of the same request."""
+    prompt = prompt_token_bound(body, mode)
+    completion = (requested_max_tokens(body) or default_max_tokens) * choices_requested(body)
+    return WorstCase(prompt, completion, price.cost_nanos(prompt, completion))

@@ -1,0 +1,54 @@
+"""The one place that builds the configured budget store and, next to it, the run-time key store.
+
+Run-time API keys live where the budgets live: in Redis when the budget store is Redis (sharing
+its connection pool), in process otherwise. Adding a store kind is one builder here plus its
+fixture in tests/policies/budgets/test_store_conformance.py (the suite fails without one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from policies.budgets.memory import InMemoryBudgetStore
+from policies.budgets.store import BudgetStore, Clock
+from policies.config import BudgetsConfig
+from policies.keys import InMemoryKeyStore, KeyStore, RedisKeyStore
+
+log = logging.getLogger("cost_router.budgets")
+
+Stores = tuple[BudgetStore, KeyStore]
+
+
+def _memory(cfg: BudgetsConfig, clock: Clock) -> Stores:
+    return InMemoryBudgetStore(cfg.lease_s, cfg.timezone, clock), InMemoryKeyStore()
+
+
+def _redis(cfg: BudgetsConfig, clock: Clock) -> Stores:
+    # Imported here: the embedded default (store: memory) never loads redis-py.
+    from policies.budgets.redis_store import RedisBudgetStore
+
+    log.info("budgets: Redis store at %s (prefix %r, fail_mode %s, lease %.0fs)",
+             _redacted(cfg.redis_url), cfg.key_prefix, cfg.fail_mode, cfg.lease_s)
+    store = RedisBudgetStore(cfg, clock=clock)
+    return store, RedisKeyStore(store.redis, cfg.key_prefix)
+
+
+# budgets.store -> builder. BudgetsConfig.store accepts exactly these names (a test checks it).
+STORE_KINDS: dict[str, Callable[[BudgetsConfig, Clock], Stores]] = {
+    "memory": _memory,
+    "redis": _redis,
+}
+
+
+def build_stores(cfg: BudgetsConfig, clock: Clock = time.time) -> Stores:
+    """The budget store `cfg.store` names and the key store that goes with it."""
+    return STORE_KINDS[cfg.store](cfg, clock)
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest

@@ -1,0 +1,136 @@
+"""Configuration of routing and money: policies, experiments, teams, keys, auth, budgets."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from backends.config import StrictModel
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+class PolicyConfig(StrictModel):
+    """One named policy: `type` and that type's params (the remaining keys).
+
+    `type` is a plain str: the accepted names are policies/registry.py's SPECS, and the registry
+    validates both (RouterConfig calls validate_policy_params), so a new type is one SPECS line.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+class ExperimentArm(StrictModel):
+    policy: str
+    weight: float = Field(gt=0)
+
+
+class ExperimentConfig(StrictModel):
+    """An A/B split: units hash (with the salt) to arms by weight; see policies/experiments.py."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    arms: dict[str, ExperimentArm] = Field(min_length=1)
+    unit: Literal["team", "key", "user", "header"] = "team"
+    header: str | None = Field(default=None, description="header name for unit 'header'")
+    salt: str = Field(default="", description="'' = the experiment name")
+    start: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
+    stop: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
+    teams: list[str] | None = Field(default=None, description="None = all teams")
+
+    @field_validator("start", "stop")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, arms: dict[str, ExperimentArm]) -> dict[str, ExperimentArm]:
+        bad = [a for a in arms if not re.fullmatch(r"[A-Za-z0-9_.\-]+", a)]
+        if bad:
+            raise ValueError(f"arm names must match [A-Za-z0-9_.-]+: {bad}")
+        return arms
+
+    @model_validator(mode="after")
+    def _header_named(self) -> ExperimentConfig:
+        if self.unit == "header" and not self.header:
+            raise ValueError("unit 'header' needs 'header'")
+        if self.start and self.stop and self.stop <= self.start:
+            raise ValueError("stop must be after start")
+        return self
+
+
+class BudgetLimit(StrictModel):
+    limit_usd: float | None = Field(default=None, ge=0)
+    period: Literal["daily", "monthly", "total"] = "monthly"
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+
+
+class TeamConfig(StrictModel):
+    budget: BudgetLimit | None = None
+    policy: str | None = None
+
+
+class KeyConfig(StrictModel):
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the API key")
+    team: str
+    user: str | None = None
+    name: str | None = None
+    budget: BudgetLimit | None = None
+    policy: str | None = None
+
+
+class AuthConfig(StrictModel):
+    required: bool = Field(default=False, description="require Authorization: Bearer <key>")
+    default_team: str = "default"
+
+
+class BudgetsConfig(StrictModel):
+    store: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field(default="cr", pattern=r"^[A-Za-z0-9_.\-]+$")
+    fail_mode: Literal["closed", "open"] = "closed"
+    lease_s: float = Field(default=120.0, gt=0, description="reservation lease before reclaim")
+    default_max_tokens: int = Field(default=1024, ge=1)
+    enforce_max_tokens: bool = Field(
+        default=True,
+        description="send default_max_tokens upstream when the client gave none, so the "
+        "reserved worst case is a true upper bound",
+    )
+    prompt_estimate: Literal["bytes", "tiktoken"] = Field(
+        default="bytes",
+        description="prompt-token bound for reservations: 'bytes' (UTF-8 bytes, a strict upper "
+        "bound for byte-level BPE) or 'tiktoken' (tighter, not a strict bound)",
+    )
+    timezone: str = "UTC"
+    downgrade: bool = True
+    redis_timeout_s: float = Field(default=1.0, gt=0, description="per-command socket timeout")
+    sweep_interval_s: float = Field(default=10.0, gt=0, description="expired-lease sweeper")
+    key_cache_s: float = Field(default=5.0, ge=0, description="cache of run-time key lookups")
+    view_cache_s: float = Field(
+        default=1.0, ge=0,
+        description="how stale the budget view a policy sees may be (reserve is always exact)",
+    )
+    journal_path: str | None = Field(
+        default=None,
+        description="file for charges made while Redis was down (fail_mode open or a settle "
+        "that could not reach Redis); None keeps them in memory",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, zone: str) -> str:
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {zone!r}") from None
+        return zone

@@ -1,0 +1,311 @@
+"""`cost-router keys ...` and `cost-router budget ...` (registered by router/cli.py).
+
+Both act on a running deployment's Redis (the budget store named by the config file), so a key
+created here works on every replica at once; with the in-process store there is nothing shared to
+act on, and the commands say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import typer
+from pydantic import ValidationError
+
+from policies.budgets.factory import build_stores
+from policies.budgets.ledger import spend_from_ledger
+from policies.budgets.money import nanos_to_usd
+from policies.budgets.scopes import ScopeLimits
+from policies.budgets.store import BudgetStore
+from policies.config import AuthConfig, BudgetLimit, BudgetsConfig, KeyConfig
+from policies.keys import KeyRing
+from router.commands.common import fail, load_config_or_exit
+from router.config import apply_env_overrides
+
+keys_app = typer.Typer(no_args_is_help=True)
+budget_app = typer.Typer(no_args_is_help=True)
+
+T = TypeVar("T")
+
+ConfigOpt = typer.Option(None, "--config", "-c", envvar="COST_ROUTER_CONFIG",
+                         help="router config file (its budgets section names the Redis)")
+RedisOpt = typer.Option(None, "--redis-url", help="override budgets.redis_url")
+JsonOpt = typer.Option(False, "--json", help="print JSON instead of a table")
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """What the commands act on: the deployment's stores and its configured limits."""
+
+    store: BudgetStore
+    ring: KeyRing
+    limits: ScopeLimits
+
+
+@dataclass(frozen=True, slots=True)
+class _Sections:
+    """The parts of a config file these commands read."""
+
+    budgets: BudgetsConfig
+    limits: ScopeLimits
+    keys: list[KeyConfig]
+    auth: AuthConfig
+
+
+def _default_budgets() -> BudgetsConfig:
+    """No config file: the default budgets section, with the same COST_ROUTER__BUDGETS__*
+    environment overrides a file would get."""
+    data: dict[str, Any] = {}
+    try:
+        apply_env_overrides(data)
+        return BudgetsConfig.model_validate(data.get("budgets") or {})
+    except (ValidationError, ValueError, TypeError, IndexError) as exc:
+        raise fail(f"invalid budgets settings from the environment: {exc}") from None
+
+
+def _sections(config: Path | None, redis_url: str | None) -> _Sections:
+    if config is not None:
+        cfg = load_config_or_exit(config)
+        sections = _Sections(cfg.budgets, ScopeLimits(cfg.teams, cfg.keys), list(cfg.keys),
+                             cfg.auth)
+    else:
+        sections = _Sections(_default_budgets(), ScopeLimits({}, []), [], AuthConfig())
+    budgets = sections.budgets
+    if redis_url:
+        budgets = budgets.model_copy(update={"store": "redis", "redis_url": redis_url})
+    if budgets.store != "redis":
+        raise fail(f"budgets.store is {budgets.store!r}: keys and budgets live inside the proxy "
+                   "process and cannot be managed from here. Use budgets.store: redis (or "
+                   "--redis-url), or put keys in the config file (keys: [{key_sha256, team}]).")
+    # Never the journal: it belongs to the proxy replicas (a CLI would adopt their files).
+    return replace(sections, budgets=budgets.model_copy(update={"journal_path": None}))
+
+
+def _run(config: Path | None, redis_url: str | None,
+         action: Callable[[Deployment], Awaitable[T]]) -> T:
+    """Build the stores and key ring, run one async action, close. A key id that no key matches
+    is bad input (exit 2); Redis out of reach exits 1."""
+    # Imported when a command runs, so `cost-router --help` and other commands skip redis-py.
+    from redis.exceptions import RedisError
+
+    sections = _sections(config, redis_url)
+
+    async def main() -> T:
+        store, key_store = build_stores(sections.budgets)
+        ring = KeyRing(sections.keys, sections.auth, key_store, sections.budgets.key_cache_s)
+        try:
+            return await action(Deployment(store, ring, sections.limits))
+        finally:
+            await store.aclose()
+
+    try:
+        return asyncio.run(main())
+    except (RedisError, OSError) as exc:
+        typer.echo(f"cannot reach Redis at {sections.budgets.redis_url}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except KeyError as exc:
+        raise fail(str(exc.args[0] if exc.args else exc)) from None
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _usd(value: float | None) -> str:
+    return "unlimited" if value is None else f"${value:,.6f}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*headers)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+
+@keys_app.command("create")
+def keys_create(
+    team: str = typer.Option(..., "--team", help="team the key charges"),
+    user: str | None = typer.Option(None, "--user", help="optional user the key belongs to"),
+    name: str | None = typer.Option(None, "--name", help="label shown by `keys list`"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+) -> None:
+    """Create an API key; prints it once (only its sha256 is stored)."""
+    raw, record = _run(config, redis_url, lambda d: d.ring.create(team, user, name))
+    typer.echo(raw)
+    typer.echo(f"key id {record.key_id}, team {team}" + (f", user {user}" if user else ""),
+               err=True)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="key id (>= 8 hex digits of its sha256)"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+) -> None:
+    """Revoke a key (run-time or from the config file); every replica refuses it within
+    budgets.key_cache_s."""
+    record = _run(config, redis_url, lambda d: d.ring.revoke(key_id))
+    typer.echo(f"revoked {record.key_id} (team {record.team})")
+
+
+@keys_app.command("list")
+def keys_list(
+    config: Path | None = ConfigOpt, redis_url: str | None = RedisOpt, as_json: bool = JsonOpt
+) -> None:
+    """List keys (config and run-time): id, team, user, name, created, revoked."""
+    records = _run(config, redis_url, lambda d: d.ring.list())
+    if as_json:
+        for r in records:
+            typer.echo(orjson.dumps({"key_id": r.key_id, "team": r.team, "user": r.user,
+                                     "name": r.name, "source": r.source, "created": r.created,
+                                     "revoked": r.revoked}).decode())
+        return
+    _table(["key id", "team", "user", "name", "source", "created", "revoked"],
+           [[r.key_id, r.team, r.user or "-", r.name or "-", r.source,
+             _when(r.created or None), _when(r.revoked)] for r in records])
+
+
+# --- budget ---------------------------------------------------------------------------------
+
+
+async def _standing(d: Deployment, team: str | None) -> list[dict[str, Any]]:
+    teams = [team] if team else sorted(set(d.limits.teams) | set(await d.store.teams()))
+    out = []
+    for name in teams:
+        for status in await d.store.status(d.limits.scope(name)):
+            out.append({"team": name, **status.to_json()})
+    return out
+
+
+@budget_app.command("show")
+def budget_show(
+    team: str | None = typer.Option(None, "--team", help="one team (default: all)"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Spend, reservations and remaining budget per team in the current period."""
+    rows = _run(config, redis_url, lambda d: _standing(d, team))
+    if as_json:
+        for row in rows:
+            typer.echo(orjson.dumps(row).decode())
+        return
+    _table(["team", "period", "limit", "spent", "reserved", "remaining", "resets"],
+           [[r["team"], r["period_id"], _usd(r["limit_usd"]), _usd(r["spent_usd"]),
+             _usd(r["reserved_usd"]), _usd(r["remaining_usd"]), _when(r["resets_at"])]
+            for r in rows])
+
+
+@budget_app.command("set")
+def budget_set(
+    team: str = typer.Option(..., "--team"),
+    limit_usd: float | None = typer.Option(None, "--limit-usd", min=0, help="USD per period"),
+    period: str = typer.Option("monthly", "--period", help="daily | monthly | total"),
+    rpm: int | None = typer.Option(None, "--rpm", min=1, help="requests per minute"),
+    tpm: int | None = typer.Option(None, "--tpm", min=1, help="tokens per minute"),
+    key: str | None = typer.Option(None, "--key", help="a key id: set that key's budget"),
+    clear: bool = typer.Option(False, "--clear", help="drop the override (config applies again)"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+) -> None:
+    """Override a team's (or key's) limit on the running deployment; takes effect at once."""
+    limit = None
+    if not clear:
+        if limit_usd is None and rpm is None and tpm is None:
+            raise fail("give --limit-usd, --rpm or --tpm (or --clear)")
+        try:
+            limit = BudgetLimit(limit_usd=limit_usd, period=period, rpm=rpm, tpm=tpm)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            raise fail(f"invalid limit: {exc.errors()[0]['msg']}") from None
+
+    async def act(d: Deployment) -> None:
+        key_id = (await d.ring.find(key)).key_id if key else None
+        await d.store.set_limit(team, key_id, limit)
+
+    _run(config, redis_url, act)
+    what = f"key {key} of team {team}" if key else f"team {team}"
+    typer.echo(f"{what}: " + ("override cleared" if limit is None else
+                              f"limit {_usd(limit_usd)} {period}, rpm {rpm or '-'}, "
+                              f"tpm {tpm or '-'}"))
+
+
+@budget_app.command("reset")
+def budget_reset(
+    team: str = typer.Option(..., "--team"),
+    key: str | None = typer.Option(None, "--key", help="a key id: reset that key's spend"),
+    yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+) -> None:
+    """Zero the current period's spend (the ledger keeps a `reset` entry for audit)."""
+    if not yes:
+        typer.confirm(f"Reset the current spend of team {team}?", abort=True)
+
+    async def act(d: Deployment) -> int:
+        key_id = (await d.ring.find(key)).key_id if key else None
+        return await d.store.reset(team, key_id)
+
+    wiped = _run(config, redis_url, act)
+    typer.echo(f"team {team}: wiped {_usd(nanos_to_usd(wiped))} of current spend")
+
+
+@budget_app.command("ledger")
+def budget_ledger(
+    team: str = typer.Option(..., "--team"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Audit: every charge of a team from the append-only ledger, and their total."""
+    entries = _run(config, redis_url, lambda d: d.store.ledger(team))
+    if as_json:
+        for e in entries:
+            typer.echo(orjson.dumps({"request_id": e.request_id, "key_id": e.key_id,
+                                     "usd": nanos_to_usd(e.nanos), "kind": e.kind,
+                                     "periods": e.periods, "time": e.time}).decode())
+        return
+    _table(["time", "request id", "key", "kind", "usd"],
+           [[_when(e.time), e.request_id, e.key_id or "-", e.kind, f"{nanos_to_usd(e.nanos):.9f}"]
+            for e in entries])
+    typer.echo(f"{len(entries)} entries, total {_usd(nanos_to_usd(sum(e.nanos for e in entries)))}")
+
+
+@budget_app.command("audit")
+def budget_audit(
+    team: str | None = typer.Option(None, "--team", help="one team (default: all)"),
+    config: Path | None = ConfigOpt,
+    redis_url: str | None = RedisOpt,
+) -> None:
+    """Rebuild spend from the ledger and compare it with the stored spend; exit 1 on a mismatch."""
+    async def act(d: Deployment) -> list[list[str]]:
+        rows = []
+        for name in [team] if team else await d.store.teams():
+            stored = await d.store.spend(name)
+            rebuilt = spend_from_ledger(await d.store.ledger(name))
+            for scope, pid in sorted(set(stored) | set(rebuilt)):
+                a, b = stored.get((scope, pid), 0), rebuilt.get((scope, pid), 0)
+                rows.append([name, scope, pid, f"{nanos_to_usd(a):.9f}", f"{nanos_to_usd(b):.9f}",
+                             "ok" if a == b else "MISMATCH"])
+        return rows
+
+    rows = _run(config, redis_url, act)
+    _table(["team", "scope", "period", "stored usd", "ledger usd", ""], rows)
+    if any(r[-1] != "ok" for r in rows):
+        # Exit 1, not 2: the audit ran and its answer is no.
+        typer.echo("stored spend differs from the ledger", err=True)
+        raise typer.Exit(1)

@@ -1,0 +1,27 @@
+"""What every command shares: load a config file, or exit 2 with the error naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from router.config import ConfigError, RouterConfig, load_config
+
+# Exit status of a command that was given bad input (config, data, arguments): 2, as argparse and
+# typer use for usage errors; 1 is left for "ran, and the answer is no" (e.g. a check that failed).
+EXIT_BAD_INPUT = 2
+
+
+def fail(message: str) -> typer.Exit:
+    """Print `message` to stderr; the Exit to raise for bad input."""
+    typer.echo(message, err=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def load_config_or_exit(path: str | Path) -> RouterConfig:
+    """The config at `path`; on any problem, print it (naming the key and file) and exit 2."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None

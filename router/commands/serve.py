@@ -1,0 +1,41 @@
+"""`cost-router serve` and `cost-router config check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from router.commands.common import load_config_or_exit
+
+config_app = typer.Typer(no_args_is_help=True)
+
+
+@config_app.command("check")
+def config_check(path: Path) -> None:
+    """Validate a config file; on error, name the offending key and exit 2."""
+    cfg = load_config_or_exit(path)
+    typer.echo(f"{path}: OK ({len(cfg.tiers)} tiers, {len(cfg.policies)} policies)")
+
+
+def serve(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="YAML config; without it, run the embedded local demo"
+    ),
+    host: str | None = typer.Option(None, help="override server.host"),
+    port: int | None = typer.Option(None, help="override server.port"),
+) -> None:
+    """Run the OpenAI-compatible routing proxy (no --config: the embedded llama.cpp demo)."""
+    # Imported here: the server stack (uvicorn, onnxruntime, the demo's llama.cpp launcher) is
+    # only needed by this command, and every other command starts faster without it.
+    from router.demo import run_demo
+    from router.server import run_server
+
+    if config is None:
+        raise typer.Exit(run_demo(host=host, port=port))
+    run_server(load_config_or_exit(config), host=host, port=port, config_path=config)
+
+
+def register_serve(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config", help="Validate configuration.")
+    app.command("serve")(serve)

@@ -1,0 +1,363 @@
+"""`cost-router tune|simulate|what-if|synth` (registered by router/cli.py).
+
+The commands load the router config here and hand the simulator only the sections it replays
+(`simulations.sim_config.SimConfig`); the work itself is in simulations/*_report.py. Heavy imports
+(numpy work, onnxruntime, pyarrow, matplotlib) happen inside the commands so the root CLI starts
+fast. Known bad input exits with status 2 and one `error:` line naming the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+import yaml
+
+from classifiers.dataset import routellm_data_dir
+from policies.config import ConfigError
+from policies.registry import parse_params
+from router.commands.common import load_config_or_exit
+from router.config import RouterConfig, config_from_dict
+from simulations.sim_config import DEFAULT_POLICY, SimConfig, default_sim_config
+
+if TYPE_CHECKING:  # heavy modules (tiktoken, the replay) load inside the commands (see above)
+    from simulations.trace import ReplayTrace
+    from simulations.whatif import Levers
+
+TRACES = typer.Option(
+    ..., "--traces", "-t", help="trace files/folders: JSONL, RouteLLM CSV, Parquet"
+)
+CONFIG = typer.Option(None, "--config", "-c", help="router YAML (default: RouteLLM README prices)")
+POLICY = typer.Option(None, "--policy", "-p", help="policy name (default: the config's default)")
+COMPLETION = typer.Option(
+    None, "--completion-tokens", help="completion tokens for records with no count or answer text"
+)
+SMALL_COL = typer.Option(None, "--small-column", help="outcome column/key of the small tier")
+LARGE_COL = typer.Option(None, "--large-column", help="outcome column/key of the large tier")
+RECORDED = typer.Option(False, "--recorded-scores", help="use the trace's scores, do not re-score")
+JSON_OUT = typer.Option(None, "--json", help="write the full result as JSON here")
+CHART = typer.Option(None, "--chart", help="write a chart (.png or .html)")
+
+
+@contextmanager
+def _clean_errors() -> Iterator[None]:
+    """Expected failures (bad trace, config, target) -> one line on stderr, exit status 2."""
+    from classifiers.dataset import DatasetError
+    from classifiers.inference import ModelLoadError
+    from simulations.latency import LatencyModelError
+    from simulations.replay import ReplayError
+    from simulations.trace import TraceError
+    from simulations.tune import TuneError
+
+    try:
+        yield
+    except (
+        DatasetError,
+        ModelLoadError,
+        ConfigError,
+        LatencyModelError,
+        ReplayError,
+        TraceError,
+        TuneError,
+        ValueError,
+    ) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def sim_config_from(cfg: RouterConfig) -> SimConfig:
+    """The sections of a router config that the simulator replays."""
+    return SimConfig.from_sections(
+        cfg.tiers, cfg.policies, cfg.default_policy, cfg.classifier, cfg.teams, cfg.budgets
+    )
+
+
+def _configs(path: Path | None) -> tuple[SimConfig, RouterConfig | None]:
+    """The simulator's config from the router YAML at `path` (exit 2 if bad), else its defaults."""
+    if path is None:
+        return default_sim_config(), None
+    cfg = load_config_or_exit(path)
+    return sim_config_from(cfg), cfg
+
+
+def _load(
+    traces: list[Path],
+    completion: int | None,
+    small: str | None,
+    large: str | None,
+    config: Path | None,
+) -> tuple[SimConfig, RouterConfig | None, ReplayTrace]:
+    from simulations.trace_loader import load_trace
+
+    sim, cfg = _configs(config)
+    trace = load_trace(
+        list(traces),
+        small_column=small,
+        large_column=large,
+        default_completion_tokens=completion,
+        context_turns=sim.context_turns,
+    )
+    return sim, cfg, trace
+
+
+def write_threshold(path: str | Path, policy: str | None, threshold: float) -> str:
+    """Set `policies.<policy>.threshold` in the YAML file; returns the policy name written.
+
+    The edited document is validated as a whole (environment overrides included, on a copy:
+    their values never reach the file) before the file is replaced. YAML comments are not
+    preserved (PyYAML does not keep them).
+    """
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {p}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    name = policy or data.get("default_policy") or DEFAULT_POLICY
+    policies = data.setdefault("policies", {}) or {}
+    data["policies"] = policies
+    entry = policies.setdefault(name, {"type": "threshold"})
+    if entry.get("type") not in ("threshold", "budget_pacing"):
+        raise ConfigError(f"{p}: policies.{name} has type {entry.get('type')!r}: no threshold")
+    entry.pop("target_large_share", None)  # a fixed threshold replaces a target share
+    entry["threshold"] = round(float(threshold), 6)
+    config = config_from_dict(data, source=str(p))
+    parse_params(name, config.policies[name])
+    p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return name
+
+
+def _measured(
+    levers: Levers, sim: SimConfig, cfg: RouterConfig | None, source: str
+) -> tuple[Levers, list[str]]:
+    """Levers with the measured values of `--signals SOURCE`."""
+    from backends.config import SignalsConfig
+    from policies.registry import tiers_by_price
+    from simulations.signal_levers import apply_measurements, measured_levers, read_signals
+
+    if cfg is not None:
+        return measured_levers(levers, cfg.tiers, source, cfg.signals)
+    # The simulator's default tiers: a snapshot names them; nothing to poll live.
+    order = tiers_by_price(sim.prices)
+    signals = read_signals(source, [], SignalsConfig())
+    return apply_measurements(levers, signals, order[0], order[-1])
+
+
+def tune_command(
+    traces: list[Path] = TRACES,
+    target_quality: float = typer.Option(None, "--target-quality", help="e.g. 0.95 of all-large"),
+    target_cost: float = typer.Option(None, "--target-cost", help="max USD per 1,000 requests"),
+    max_large_share: float = typer.Option(None, "--max-large-share", help="e.g. 0.3"),
+    config: Path = CONFIG,
+    policy: str = POLICY,
+    write: Path = typer.Option(None, "--write", help="write the threshold into this router YAML"),
+    grid: int = typer.Option(1001, "--grid", min=2, help="thresholds swept in [0, 1]"),
+    resamples: int = typer.Option(1000, "--bootstrap", min=0, help="bootstrap resamples"),
+    seed: int = typer.Option(0, "--seed"),
+    completion_tokens: int = COMPLETION,
+    small_column: str = SMALL_COL,
+    large_column: str = LARGE_COL,
+    recorded_scores: bool = RECORDED,
+    json_out: Path = JSON_OUT,
+    chart: Path = CHART,
+) -> None:
+    """Pick the threshold meeting a target, with bootstrap 95% intervals; optionally write it."""
+    with _clean_errors():
+        from simulations.tune_report import run_tune
+
+        given = [
+            (k, v)
+            for k, v in (
+                ("quality", target_quality),
+                ("cost", target_cost),
+                ("large_share", max_large_share),
+            )
+            if v is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of --target-quality, --target-cost, --max-large-share"
+            )
+        sim, _, trace = _load(
+            traces,
+            completion_tokens,
+            small_column,
+            large_column,
+            config if config is not None else write,
+        )
+        text, result = run_tune(
+            sim, trace, given[0], policy, grid, resamples, seed, recorded_scores, json_out, chart
+        )
+        if write:
+            name = write_threshold(write, policy, result.threshold)
+            text += f"\nwrote policies.{name}.threshold = {result.threshold:.6g} to {write}"
+        typer.echo(text)
+
+
+def simulate_command(
+    traces: list[Path] = TRACES,
+    config: Path = CONFIG,
+    policy: str = POLICY,
+    budgets: bool = typer.Option(False, "--budgets", help="replay team budgets over time"),
+    pacing_max: float = typer.Option(1.0, "--pacing-max-threshold", min=0, max=1),
+    pacing_slack: float = typer.Option(0.2, "--pacing-slack", min=0.01, max=1),
+    stream: bool = typer.Option(False, "--stream", help="Parquet: stream in batches (huge files)"),
+    batch_rows: int = typer.Option(262_144, "--batch-rows", min=1),
+    completion_tokens: int = COMPLETION,
+    small_column: str = SMALL_COL,
+    large_column: str = LARGE_COL,
+    recorded_scores: bool = RECORDED,
+    json_out: Path = JSON_OUT,
+    decisions: Path = typer.Option(
+        None, "--decisions", help="write each request's tier, score, cost (JSONL) here"
+    ),
+    compare: bool = typer.Option(False, "--compare", help="also replay every configured policy"),
+) -> None:
+    """Replay traces through a policy: tier shares, cost, quality; budgets over time."""
+    with _clean_errors():
+        from simulations.replay_report import run_simulate, run_stream
+
+        if stream:
+            if len(traces) != 1 or traces[0].suffix != ".parquet":
+                raise ValueError("--stream takes exactly one .parquet trace")
+            sim, _ = _configs(config)
+            typer.echo(run_stream(sim, traces[0], policy, recorded_scores, batch_rows, json_out))
+            return
+        sim, _, trace = _load(traces, completion_tokens, small_column, large_column, config)
+        typer.echo(
+            run_simulate(
+                sim,
+                trace,
+                policy,
+                recorded_scores,
+                budgets,
+                (pacing_max, pacing_slack),
+                json_out,
+                decisions,
+                compare,
+            )
+        )
+
+
+def what_if_command(
+    traces: list[Path] = TRACES,
+    config: Path = CONFIG,
+    policy: str = POLICY,
+    arrival_rate: float = typer.Option(
+        None, "--arrival-rate", help="requests/s of Poisson arrivals for traces without times"
+    ),
+    small_ttft_ms: float = typer.Option(120.0, "--small-ttft-ms"),
+    small_token_ms: float = typer.Option(8.0, "--small-token-ms"),
+    small_concurrency: int = typer.Option(16, "--small-concurrency", min=1),
+    large_ttft_ms: float = typer.Option(400.0, "--large-ttft-ms"),
+    large_token_ms: float = typer.Option(25.0, "--large-token-ms"),
+    large_concurrency: int = typer.Option(16, "--large-concurrency", min=1),
+    prefill_token_ms: float = typer.Option(
+        0.0, "--prefill-token-ms", help="extra TTFT per prompt token (large tier)"
+    ),
+    spec_acceptance: float = typer.Option(0.7, "--spec-acceptance", min=0, max=1),
+    spec_k: int = typer.Option(
+        None, "--spec-k", min=1, help="draft length (default: the large tier's launch config, or 5)"
+    ),
+    draft_cost: float = typer.Option(0.0, "--draft-cost", min=0),
+    quant_speed: float = typer.Option(1.6, "--quant-speed"),
+    quant_quality: float = typer.Option(0.98, "--quant-quality", min=0),
+    quant_cost: float = typer.Option(1.0, "--quant-cost", min=0),
+    seed: int = typer.Option(0, "--seed"),
+    completion_tokens: int = COMPLETION,
+    small_column: str = SMALL_COL,
+    large_column: str = LARGE_COL,
+    recorded_scores: bool = RECORDED,
+    json_out: Path = JSON_OUT,
+    chart: Path = CHART,
+    signals: str = typer.Option(
+        None,
+        "--signals",
+        help="measured TTFT/per-token/acceptance: a snapshot JSON from `cost-router backends "
+        "signals --save`, or 'live' to poll the config's tiers now",
+    ),
+) -> None:
+    """Cost, quality, p50/p95 latency: all-large, all-small, each lever alone, then combined."""
+    with _clean_errors():
+        from simulations.latency import TierLatency
+        from simulations.whatif import DEFAULT_DRAFT_LENGTH, Levers
+        from simulations.whatif_report import run_whatif
+
+        levers = Levers(
+            small=TierLatency(small_ttft_ms / 1e3, small_token_ms / 1e3, small_concurrency),
+            large=TierLatency(
+                large_ttft_ms / 1e3, large_token_ms / 1e3, large_concurrency, prefill_token_ms / 1e3
+            ),
+            spec_acceptance=spec_acceptance,
+            draft_cost=draft_cost,
+            quant_speed=quant_speed,
+            quant_quality=quant_quality,
+            quant_cost=quant_cost,
+        )
+        sim, cfg, trace = _load(traces, completion_tokens, small_column, large_column, config)
+        levers = replace(levers, spec_k=spec_k or sim.draft_length or DEFAULT_DRAFT_LENGTH)
+        if signals is not None:
+            levers, notes = _measured(levers, sim, cfg, signals)
+            typer.echo("\n".join(notes))
+        typer.echo(
+            run_whatif(
+                sim, trace, policy, recorded_scores, levers, arrival_rate, seed, json_out, chart
+            )
+        )
+
+
+def synth_command(
+    out: Path = typer.Option(..., "--out", "-o", help="Parquet file to write"),
+    rows: int = typer.Option(1_000_000, "--rows", "-n", min=1),
+    source: list[Path] = typer.Option(
+        [routellm_data_dir()], "--from", help="prompt pool: CSV/JSONL traces"
+    ),
+    rate: float = typer.Option(50.0, "--rate", help="mean requests per second"),
+    teams: int = typer.Option(20, "--teams", min=1),
+    seed: int = typer.Option(0, "--seed"),
+    completion_tokens: int = typer.Option(
+        1, "--completion-tokens", help="for pool prompts with no count or answer (MMLU: 1)"
+    ),
+    with_scores: bool = typer.Option(
+        False, "--with-scores", help="add a `score` column (the shipped classifier's)"
+    ),
+) -> None:
+    """Write a large synthetic trace (real prompts and outcomes, Poisson arrivals, Zipf teams)."""
+    with _clean_errors():
+        import time
+
+        from simulations.synth import SynthSpec, pool_from_trace, write_synthetic
+        from simulations.trace_loader import load_trace
+
+        t0 = time.perf_counter()
+        pool = pool_from_trace(
+            load_trace(list(source), default_completion_tokens=completion_tokens)
+        )
+        if with_scores:
+            from simulations.replay import score_texts
+
+            pool = replace(pool, scores=score_texts(pool.texts, None))
+        n = write_synthetic(
+            pool, SynthSpec(rows=rows, rate_per_s=rate, teams=teams, seed=seed), out
+        )
+        typer.echo(
+            f"wrote {n} requests ({len(pool)} distinct prompts) to {out} "
+            f"in {time.perf_counter() - t0:.1f} s"
+        )
+
+
+def register_simulation_commands(app: typer.Typer) -> None:
+    """Adds the simulator's top-level commands to the root app."""
+    commands: dict[str, Callable[..., None]] = {
+        "tune": tune_command,
+        "simulate": simulate_command,
+        "what-if": what_if_command,
+        "synth": synth_command,
+    }
+    for name, fn in commands.items():
+        app.command(name)(fn)

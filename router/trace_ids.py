@@ -1,0 +1,71 @@
+"""Request ids present in the trace files, read incrementally (for POST /v1/feedback).
+
+Reads the current and rotated trace files from where the last look-up stopped. Up to `max_ids`
+ids are kept; the oldest are forgotten first.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from trace_format.reader import TraceFormatError, parse_line
+
+
+class TraceIdIndex:
+    """Request ids present in the trace files, read incrementally."""
+
+    def __init__(self, trace_path: str | Path, backups: int, max_ids: int = 2_000_000) -> None:
+        self.trace_path = Path(trace_path)
+        self.backups = backups
+        self.max_ids = max_ids
+        self._ids: dict[str, None] = {}
+        self._read_upto: dict[tuple[int, int], int] = {}  # (device, inode) -> bytes consumed
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str) -> None:
+        self._ids[request_id] = None
+        if len(self._ids) > self.max_ids:
+            # dicts keep insertion order: drop the oldest half in one go.
+            for stale in list(self._ids)[: self.max_ids // 2]:
+                del self._ids[stale]
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._ids
+
+    def _files(self) -> Iterable[Path]:
+        # Oldest first, so ids are added in time order.
+        for n in range(self.backups, 0, -1):
+            yield self.trace_path.with_name(f"{self.trace_path.name}.{n}")
+        yield self.trace_path
+
+    def refresh(self) -> None:
+        """Read trace lines written since the last refresh (blocking; run it in a thread)."""
+        with self._lock:
+            for path in self._files():
+                self._read_new(path)
+
+    def _read_new(self, path: Path) -> None:
+        try:
+            fh = path.open("rb")
+        except OSError:
+            return
+        with fh:
+            st = os.fstat(fh.fileno())
+            key = (st.st_dev, st.st_ino)
+            start = self._read_upto.get(key, 0)
+            if st.st_size < start:  # truncated: read it again
+                start = 0
+            fh.seek(start)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next refresh
+        for line in data[:end].splitlines():
+            try:
+                rid = parse_line(line, str(path)).get("id")
+            except TraceFormatError:
+                continue  # a line another writer is rewriting, or a newer schema: not ours
+            if isinstance(rid, str):
+                self.add(rid)
+        self._read_upto[key] = start + end

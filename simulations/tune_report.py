@@ -1,0 +1,88 @@
+"""`tune`'s report: the threshold chosen for a target with its bootstrap intervals (text table and
+JSON), the routing quality of the scores (APGR, CPT), and the Pareto chart of the sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from classifiers.evaluate import apgr, cpt
+from simulations import reports
+from simulations.replay import sweep_inputs, trace_scores, two_tier_policy
+from simulations.sim_config import SimConfig, describe_prices
+from simulations.sweep import default_thresholds
+from simulations.trace import ReplayTrace
+from simulations.tune import Target, TuneResult, tune
+
+
+def _ci(result: TuneResult, name: str, fmt: str) -> str:
+    iv = result.intervals.get(name)
+    return f"[{format(iv.low, fmt)}, {format(iv.high, fmt)}]" if iv else "(no bootstrap)"
+
+
+def tune_text(result: TuneResult, policy: str, prices: str, n: int, extra: dict[str, float]) -> str:
+    r = result
+    rows = [
+        ("threshold", f"{r.threshold:.4f}", _ci(r, "threshold", ".4f")),
+        ("quality / all-large", f"{r.quality_ratio:.2%}", _ci(r, "quality_ratio", ".2%")),
+        ("quality (mean outcome)", f"{r.quality:.4f}", _ci(r, "quality", ".4f")),
+        ("cost per 1k requests", f"${r.cost_per_1k:.4f}", _ci(r, "cost_per_1k", ".4f")),
+        ("cost / all-large", f"{r.cost_per_1k / r.sweep.cost_large_per_1k:.2%}", ""),
+        ("large share", f"{r.large_share:.2%}", _ci(r, "large_share", ".2%")),
+    ]
+    head = (
+        f"policy {policy!r}, target {r.target.describe()}, {n} requests; prices {prices}\n"
+        f"all-large: quality {r.sweep.quality_large:.4f}, ${r.sweep.cost_large_per_1k:.4f}/1k; "
+        f"all-small: quality {r.sweep.quality_small:.4f}, ${r.sweep.cost_small_per_1k:.4f}/1k\n"
+        + ", ".join(f"{k} {v:.3f}" for k, v in extra.items())
+    )
+    foot = (
+        f"95% intervals: Poisson bootstrap ({r.bootstrap_method}), {r.resamples} resamples "
+        "(threshold: the rule re-run on "
+        f"each resample; others: the chosen threshold's metrics)"
+        + (f"; {r.unmet_resamples} resamples met no threshold" if r.unmet_resamples else "")
+    )
+    return "\n".join([head, "", reports.table(["", "chosen", "95% CI"], rows), "", foot])
+
+
+def run_tune(
+    sim: SimConfig,
+    trace: ReplayTrace,
+    target: tuple[str, float],
+    policy_name: str | None,
+    grid: int,
+    resamples: int,
+    seed: int,
+    recorded_scores: bool,
+    json_out: Path | None,
+    chart: Path | None,
+) -> tuple[str, TuneResult]:
+    """The report's text and the result (whose threshold the command may write to a config)."""
+    policy = two_tier_policy(sim, policy_name)
+    scores = trace_scores(trace, sim.model_path, recorded_scores)
+    inputs = sweep_inputs(sim.prices, trace, scores, policy)
+    tgt = Target(target[0], float(target[1]))  # type: ignore[arg-type]
+    result = tune(inputs, tgt, default_thresholds(grid), resamples, seed)
+    extra = {
+        "APGR": apgr(scores, inputs.quality_small, inputs.quality_large),
+        "CPT(50%)": cpt(scores, inputs.quality_small, inputs.quality_large, 0.5),
+        "CPT(80%)": cpt(scores, inputs.quality_small, inputs.quality_large, 0.8),
+    }
+    text = tune_text(result, policy.name, describe_prices(sim.prices), len(trace), extra)
+    if json_out:
+        reports.write_json(
+            json_out,
+            {
+                **result.as_dict(),
+                "policy": policy.name,
+                **extra,
+                "sweep": reports.sweep_json(result.sweep),
+            },
+        )
+    if chart:
+        chosen = int(np.argmin(np.abs(result.sweep.thresholds - result.threshold)))
+        reports.pareto_chart(result.sweep, chosen, chart, f"{policy.name}: {tgt.describe()}")
+    return text, result
+
+

@@ -1,0 +1,179 @@
+"""The exported model: onnxruntime == scikit-learn on real prompts; bad inputs; bad model files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from sklearn.compose import ColumnTransformer
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline
+
+from classifiers.dataset import load_dataset, routellm_data_dir
+from classifiers.export import export
+from classifiers.features import BROADCAST_KEY, NUMERIC_INPUTS, clean_text, is_multiple_choice
+from classifiers.inference import BATCH_CELLS, BATCH_ROWS, DifficultyScorer, ModelLoadError, _chunks
+from classifiers.train import WORD_PATTERN, TrainConfig, fit, frame, predict_scores
+
+DATA = routellm_data_dir()
+ODD_TEXTS = [
+    "",
+    "   ",
+    "Ünïcödé straße ÉCOLE 40π ½ × 3",
+    "中文问题：二加二等于几？",
+    "Вопрос: сколько будет два плюс два?",
+    "مرحبا كيف حالك",
+    "emoji 🚀🔥 code ```def f(x): return x**2```",
+    "x" * 1_000_000,
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    data = load_dataset(DATA)
+    rng = np.random.default_rng(0)
+    gsm = np.flatnonzero(data.benchmark == "gsm8k")
+    mmlu = rng.choice(np.flatnonzero(data.benchmark == "mmlu"), 1500, replace=False)
+    train = np.concatenate([gsm[:600], mmlu[:1000]])
+    test = np.concatenate([gsm[600:], mmlu[1000:]])  # 805 unseen real prompts
+    config = TrainConfig(candidate_features=3000, keep_word=400, keep_char=400)
+    pipeline = fit(data.subset(train), config)
+    path = tmp_path_factory.mktemp("model") / "model.onnx"
+    export(pipeline, path, {"train_config": config.as_dict()})
+    prompts = [data.prompts[i] for i in np.concatenate([train[:400], test])] + ODD_TEXTS
+    return pipeline, path, prompts
+
+
+def test_onnx_matches_sklearn_on_real_prompts(trained: tuple) -> None:
+    pipeline, path, prompts = trained
+    assert len(prompts) >= 1000
+    scorer = DifficultyScorer.load(path)
+    onnx_scores = scorer.score_texts(prompts)
+    sk_scores = predict_scores(pipeline, frame(prompts))
+    assert np.abs(onnx_scores - sk_scores).max() <= 1e-5
+    assert ((onnx_scores >= 0) & (onnx_scores <= 1)).all()
+    # Batched and one-at-a-time scoring agree (chunking must not change a score), with and
+    # without overlapping preprocessing and onnxruntime, and for a small mixed batch.
+    singles = np.array([scorer.score_texts([p])[0] for p in prompts[:50]])
+    assert np.abs(singles - onnx_scores[:50]).max() <= 1e-6
+    sequential = scorer.score_texts(prompts, overlap=False)
+    assert np.abs(sequential - onnx_scores).max() <= 1e-6
+    mixed = prompts[695:715]  # unseen GSM8K prompts, then MMLU ones
+    assert len({is_multiple_choice(clean_text(p)) for p in mixed}) == 2
+    assert np.abs(scorer.score_texts(mixed) - onnx_scores[695:715]).max() <= 1e-6
+
+
+def test_export_is_the_lean_graph(trained: tuple) -> None:
+    _pipeline, path, _prompts = trained
+    model = onnx.load(path)
+    nodes = model.graph.node
+    counts = [n.output[0] for n in nodes if n.op_type == "TfIdfVectorizer"]
+    assert len(counts) == 4
+    # Each vectorizer's [rows, vocabulary] output only feeds its norm (Mul, squared) and one
+    # MatMul: no full-width idf Mul, Div, normaliser or Concat.
+    for name in counts:
+        readers = sorted(n.op_type for n in nodes if name in n.input)
+        assert readers == ["MatMul", "Mul"], readers
+    assert not {"LinearClassifier", "Normalizer"} & {n.op_type for n in nodes}
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props[BROADCAST_KEY] == "1"
+
+
+def test_unsupported_pipeline_is_refused(tmp_path: Path) -> None:
+    # Training builds only the shape the lean graph covers; any other pipeline is an error, and
+    # no file is written.
+    data = load_dataset(DATA)
+    rows = np.flatnonzero(data.benchmark == "gsm8k")[:300]
+    prompts = [data.prompts[i] for i in rows]
+    labels = np.arange(len(prompts)) % 2
+    features = ColumnTransformer(
+        [
+            ("words", TfidfVectorizer(lowercase=False, token_pattern=WORD_PATTERN), "open_text"),
+            ("num", "passthrough", list(NUMERIC_INPUTS)),
+        ]
+    )
+    pipeline = Pipeline([("features", features), ("model", LogisticRegression())])
+    pipeline.fit(frame(prompts), labels)
+    path = tmp_path / "unsupported.onnx"
+    with pytest.raises(NotImplementedError, match="lean export: transformer 'num'"):
+        export(pipeline, path, {})
+    assert not path.exists() and not path.with_suffix(".json").exists()
+
+
+def test_shipped_model_loads_and_scores_requests() -> None:
+    scorer = DifficultyScorer.load(None)
+    chat = {"messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+    completion = {"prompt": "Prove that there are infinitely many primes."}
+    for body in (chat, completion, {}, {"messages": []}):
+        score = scorer.score_request(body)
+        assert 0.0 <= score <= 1.0
+    assert scorer.score_texts([]).shape == (0,)
+
+
+def test_bad_inputs_score_without_error() -> None:
+    scorer = DifficultyScorer.load(None)
+    scores = scorer.score_texts([*ODD_TEXTS, b"bad \xff\xfe utf8", "lone \ud800 surrogate"])
+    assert np.isfinite(scores).all()
+    # A 1 MB prompt is truncated deterministically: same score every time, equal to a prompt
+    # that differs only in the middle part that truncation drops.
+    big = "word " * 200_000
+    other = big[:300_000] + "MIDDLE CHANGED " + big[300_015:]
+    first, again, changed = scorer.score_texts([big, big, other])
+    assert first == again == changed
+
+
+def test_missing_and_corrupt_model_fail_at_load(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.onnx"
+    with pytest.raises(ModelLoadError, match="nope.onnx"):
+        DifficultyScorer.load(missing)
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x01garbage that is not an onnx graph")
+    with pytest.raises(ModelLoadError, match="corrupt.onnx"):
+        DifficultyScorer.load(corrupt)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="empty.onnx"):
+        DifficultyScorer.load(empty)
+
+
+def test_bad_metadata_fails_at_load(tmp_path: Path) -> None:
+    shipped = Path(__file__).resolve().parents[2] / "classifiers" / "default" / "model.onnx"
+    model = tmp_path / "m.onnx"
+    model.write_bytes(shipped.read_bytes())
+    (tmp_path / "m.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="m.json"):
+        DifficultyScorer.load(model)
+    (tmp_path / "m.json").write_text('{"class_values": [0.0, 1.0, 2.0, 3.0]}')
+    with pytest.raises(ModelLoadError, match="m.onnx"):
+        DifficultyScorer.load(model)
+
+
+def test_request_path_imports_no_sklearn() -> None:
+    code = (
+        "import sys, classifiers.inference as i; i.DifficultyScorer.load(None);"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('sklearn', 'skl2onnx', 'pandas')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_chunks_cover_every_row_once_by_kind_and_length() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 5000, 3000)
+    cleans = ["x" * int(n) for n in lengths]
+    kinds = (rng.random(3000) < 0.7).tolist()
+    chunks = _chunks(cleans, kinds)
+    rows = np.concatenate(chunks)
+    assert sorted(rows.tolist()) == list(range(3000))
+    for chunk in chunks:
+        assert len({kinds[i] for i in chunk}) == 1 and 1 <= len(chunk) <= BATCH_ROWS
+        assert len(chunk) == 1 or len(chunk) * lengths[chunk].max() <= BATCH_CELLS
+    assert [c.tolist() for c in _chunks(cleans[:5], kinds[:5])] == [[0, 1, 2, 3, 4]]

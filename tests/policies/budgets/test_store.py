@@ -1,0 +1,135 @@
+"""What one store kind does beyond the shared contract (that is test_store_conformance.py):
+Redis key layout and outages, background lease renewal, the in-process store's memory of settles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from policies.budgets.codec import TeamKeys, decode_limit, encode_limit, team_of_key
+from policies.budgets.memory import InMemoryBudgetStore
+from policies.budgets.money import usd_to_nanos
+from policies.budgets.redis_store import RedisBudgetStore
+from policies.budgets.scopes import BudgetScope
+from policies.budgets.store import DONE_TTL_S, BudgetUnavailable
+from policies.config import BudgetLimit, BudgetsConfig
+from tests.support.budgets import REDIS_URL, ManualClock, delete_prefix, random_prefix
+from tests.support.ports import free_port
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def team(limit: float | None, period: str = "daily", **kw: Any) -> BudgetScope:
+    return BudgetScope("alpha", None, BudgetLimit(limit_usd=limit, period=period, **kw))
+
+
+def test_redis_scripts_touch_one_cluster_slot_per_team() -> None:
+    k = TeamKeys("cr", "team-a")
+    names = [k.spend, k.reserved, k.res, k.lease, k.limits, k.ledger, k.rate(1), k.done(1)]
+    assert len({key_slot(n.encode()) for n in names}) == 1
+    assert team_of_key("cr", k.limits) == "team-a"
+
+
+@pytest.mark.parametrize("limit", [
+    None,
+    BudgetLimit(limit_usd=1.25, period="daily"),
+    BudgetLimit(limit_usd=None, period="monthly", rpm=5),
+    BudgetLimit(limit_usd=0.0, period="total", rpm=1, tpm=9),
+])
+def test_limits_survive_the_trip_through_the_scripts_encoding(limit: BudgetLimit | None) -> None:
+    assert decode_limit(encode_limit(limit)) == limit
+
+
+def test_unreachable_redis_fails_closed_by_default() -> None:
+    cfg = BudgetsConfig(store="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                        key_prefix=random_prefix(), redis_timeout_s=0.2)
+
+    async def main() -> None:
+        store = RedisBudgetStore(cfg)
+        with pytest.raises(BudgetUnavailable):
+            await store.reserve(team(1.0), "a", 0.1, 1)
+        assert not await store.ping()
+        await store.redis.aclose()
+
+    run(main())
+
+
+def test_unreachable_redis_fails_open_by_config_and_journals_the_charge(tmp_path: Any) -> None:
+    journal = tmp_path / "journal.jsonl"
+    cfg = BudgetsConfig(store="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                        key_prefix=random_prefix(), redis_timeout_s=0.2, fail_mode="open",
+                        journal_path=str(journal))
+
+    async def main() -> None:
+        store = RedisBudgetStore(cfg)
+        res = await store.reserve(team(1.0), "a", 0.1, 1)
+        assert res.degraded
+        out = await store.settle("a", 0.05, 1)
+        assert out.deferred and out.charged_nanos == usd_to_nanos(0.05)
+        await store.redis.aclose()
+
+        store.journal.close()  # a crash: the non-empty journal stays on disk
+
+    run(main())
+    mine = tmp_path / f"journal.jsonl.{os.getpid()}"
+    assert '"rid":"a"' in mine.read_text()
+    # Another replica (here: a new store, after the file is given a dead pid's name) adopts it.
+    mine.rename(tmp_path / "journal.jsonl.1")
+    adopter = RedisBudgetStore(cfg)
+    assert "a" in adopter.journal.entries
+    assert not (tmp_path / "journal.jsonl.1").exists()
+    assert '"rid":"a"' in mine.read_text()
+    adopter.journal.close()
+
+
+def test_a_started_redis_store_keeps_its_leases_while_a_dead_replica_loses_them() -> None:
+    """The background loop of a running replica renews (every lease_s / 3); the holds of one that
+    stopped expire by Redis time. Waits on the outcome, with a deadline, not a fixed sleep."""
+    prefix = random_prefix()
+    cfg = BudgetsConfig(store="redis", redis_url=REDIS_URL, key_prefix=prefix, lease_s=0.3,
+                        redis_timeout_s=5)
+
+    async def main() -> None:
+        live, dead = RedisBudgetStore(cfg), RedisBudgetStore(cfg)
+        await live.start()
+        await live.reserve(team(1.0), "long-stream", 0.5, 1)
+        await dead.reserve(team(1.0), "orphan", 0.4, 1)  # reserved later: would expire later
+        deadline = time.monotonic() + 10
+        while (reserved := (await live.status(team(1.0)))[0].reserved_nanos) == usd_to_nanos(0.9):
+            assert time.monotonic() < deadline, "the orphan's hold was never reclaimed"
+            await asyncio.sleep(0.02)
+        # The orphan's lease ran out, so the older, renewed one outlived its own lease_s.
+        assert reserved == usd_to_nanos(0.5)
+        assert (await live.settle("long-stream", 0.5, 1)).charged_nanos == usd_to_nanos(0.5)
+        await live.aclose()
+        await dead.aclose()
+
+    try:
+        run(main())
+    finally:
+        delete_prefix(prefix)
+
+
+def test_the_in_process_store_remembers_settled_ids_as_long_as_redis_does() -> None:
+    clock = ManualClock()
+    store = InMemoryBudgetStore(60, clock=clock)
+
+    async def main() -> None:
+        await store.reserve(team(None), "r1", 0.5, 1)
+        await store.settle("r1", 0.2, 1)
+        clock.advance(DONE_TTL_S - 1)
+        assert (await store.settle("r1", 0.2, 1)).duplicate
+        with pytest.raises(ValueError):
+            await store.reserve(team(None), "r1", 0.5, 1)
+        clock.advance(2)  # forgotten, as Redis's done markers expire: memory stays bounded
+        await store.reserve(team(None), "r1", 0.5, 1)
+
+    run(main())

@@ -1,0 +1,198 @@
+"""Hot reload: a valid file swaps policies/experiments; a bad file keeps the old config."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from policies.selection import PolicySelector
+from router.config import RouterConfig, load_config
+from router.reload import ConfigReloader
+from router.state import build_selector
+
+TIERS = [
+    {"name": "small", "base_url": "http://s", "model": "s",
+     "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6}},
+    {"name": "large", "base_url": "http://l", "model": "l",
+     "price": {"input_per_mtok": 10, "output_per_mtok": 30}},
+]
+
+
+def _doc(threshold: float, **extra: Any) -> dict[str, Any]:
+    return {"tiers": TIERS, "default_policy": "main",
+            "policies": {"main": {"type": "threshold", "threshold": threshold}}, **extra}
+
+
+class Holder:
+    """Stands in for the app: what a request would read."""
+
+    def __init__(self, path: Path) -> None:
+        self.config = load_config(path)
+        self.selector = build_selector(self.config)
+
+    def apply(self, selector: PolicySelector, config: RouterConfig) -> None:
+        self.selector, self.config = selector, config
+
+    def threshold(self) -> float:
+        return self.selector.policies["main"].threshold  # type: ignore[attr-defined]
+
+
+@pytest.fixture()
+def env(tmp_path: Path):
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(_doc(0.5)))
+    holder = Holder(path)
+    return path, holder, ConfigReloader(path, lambda: holder.config, holder.apply, interval_s=0.05)
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+    st = path.stat()
+    # Make sure the mtime moves even on coarse-timestamp file systems.
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+BAD_FILES = [
+    ("tiers: [unclosed", "not valid YAML"),
+    (yaml.safe_dump(_doc(1.7)), "policies.main.threshold"),
+    (yaml.safe_dump({**_doc(0.5), "policies": {"main": {"type": "nope"}}}), "policies.main.type"),
+    (yaml.safe_dump(_doc(0.5, teams={"red": {"policy": "ghost"}})), "teams.red.policy"),
+    (yaml.safe_dump({**_doc(0.5), "policies": {"main": {
+        "type": "threshold", "target_large_share": 0.3, "reference_trace": "/nonexistent.jsonl"}}}),
+     "policies.main.reference_trace"),
+]
+
+
+@pytest.mark.parametrize(("text", "key"), BAD_FILES)
+def test_bad_file_keeps_old_config(env, caplog, text: str, key: str) -> None:
+    path, holder, reloader = env
+    before = holder.selector
+    _write(path, text)
+    with caplog.at_level(logging.ERROR, logger="cost_router.reload"):
+        assert asyncio.run(reloader.check_file()) is False
+    assert holder.selector is before and holder.threshold() == 0.5
+    assert "keeping the running config" in caplog.text and key in caplog.text
+    # Fixing the file applies it.
+    _write(path, yaml.safe_dump(_doc(0.3)))
+    assert asyncio.run(reloader.check_file()) is True
+    assert holder.threshold() == 0.3
+
+
+def test_watcher_and_sighup(env) -> None:
+    path, holder, reloader = env
+    experiment = {"name": "e", "arms": {"a": {"policy": "main", "weight": 1}}}
+
+    async def scenario() -> None:
+        reloader.start()
+        try:
+            _write(path, yaml.safe_dump(_doc(0.2, experiments=[experiment])))
+            for _ in range(100):
+                if reloader.reloads:
+                    break
+                await asyncio.sleep(0.02)
+            assert holder.threshold() == 0.2
+            assert holder.selector.select("auto", team="t").experiment == "e"
+            # SIGHUP reloads even when the file looks unchanged to the poller.
+            holder.selector = build_selector(holder.config)
+            before = holder.selector
+            # Without our handler SIGHUP would end the test process: check it is installed.
+            assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL
+            os.kill(os.getpid(), signal.SIGHUP)
+            for _ in range(100):
+                if reloader.reloads == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert reloader.reloads == 2 and holder.selector is not before
+        finally:
+            await reloader.stop()
+
+    asyncio.run(scenario())
+
+
+def test_touch_without_change_does_not_reload(env) -> None:
+    path, _, reloader = env
+    _write(path, path.read_text())
+    assert asyncio.run(reloader.check_file()) is None
+    assert reloader.reloads == 0
+
+
+def test_non_routing_change_is_not_applied(env, caplog) -> None:
+    path, holder, reloader = env
+    doc = _doc(0.4)
+    doc["server"] = {"port": 9999}
+    _write(path, yaml.safe_dump(doc))
+    with caplog.at_level(logging.WARNING, logger="cost_router.reload"):
+        assert asyncio.run(reloader.check_file()) is True
+    assert holder.threshold() == 0.4
+    assert holder.config.server.port == 8080
+    assert "server need a restart" in caplog.text
+
+
+def test_sighup_reloads_real_server(tmp_path: Path) -> None:
+    """`cost-router serve` in its own process: SIGHUP applies a good file, ignores a bad one."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from benchmarks.echo_upstream import running_echo_upstream
+    from tests.support.ports import free_port
+    from tests.support.proxy import stop_process, tier, wait_http
+
+    def doc(fixed: str, url: str) -> str:
+        return yaml.safe_dump({
+            "tiers": [tier("small", url, price=(1, 1)), tier("large", url, price=(10, 10))],
+            "traces": {"path": str(tmp_path / "traces" / "requests.jsonl")},
+            "signals": {"enabled": False}, "default_policy": "a",
+            "policies": {"a": {"type": "fixed", "tier": fixed}},
+        })
+
+    with running_echo_upstream() as url:
+        cfg = tmp_path / "router.yaml"
+        cfg.write_text(doc("small", url))
+        port = free_port()
+        log = (tmp_path / "proxy.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--port",
+             str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_http(f"{base}/healthz", 60, proc)
+
+            def tier_now() -> str:
+                r = httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
+                    "model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+                return r.headers["x-router-tier"]
+
+            def hup_until(want: str) -> str:
+                proc.send_signal(signal.SIGHUP)
+                got = ""
+                for _ in range(50):
+                    got = tier_now()
+                    if got == want:
+                        break
+                    time.sleep(0.1)
+                return got
+
+            assert tier_now() == "small"
+            cfg.write_text(doc("large", url))
+            assert hup_until("large") == "large"
+            cfg.write_text("policies: [broken")
+            proc.send_signal(signal.SIGHUP)
+            for _ in range(50):
+                if "rejected" in (tmp_path / "proxy.log").read_text():
+                    break
+                time.sleep(0.1)
+            assert tier_now() == "large"
+            assert "keeping the running config" in (tmp_path / "proxy.log").read_text()
+        finally:
+            stop_process(proc)
+            log.close()

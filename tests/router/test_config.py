@@ -1,0 +1,78 @@
+"""router.config: composing the sections, environment overrides, and `cost-router config check`."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from router.cli import app as cli
+from router.config import ConfigError, config_from_dict, load_config
+
+BASE = {
+    "server": {"port": 8080},
+    "tiers": [
+        {"name": "small", "base_url": "http://127.0.0.1:9/v1", "model": "s",
+         "price": {"input_per_mtok": 1, "output_per_mtok": 1}},
+        {"name": "large", "base_url": "http://127.0.0.1:9/v1", "model": "l",
+         "price": {"input_per_mtok": 10, "output_per_mtok": 30}},
+    ],
+}  # fmt: skip
+
+
+def test_env_overrides_apply_to_the_config_not_to_the_callers_data() -> None:
+    """Bug 1: overrides were set in place in the caller's nested dicts (a shallow copy), so
+    `tune --write` saved environment values into the user's YAML."""
+    data = copy.deepcopy(BASE)
+    env = {"COST_ROUTER__SERVER__PORT": "9999", "COST_ROUTER__TIERS__0__BASE_URL": "http://x/v1"}
+    cfg = config_from_dict(data, environ=env)
+    assert cfg.server.port == 9999 and cfg.tiers[0].base_url == "http://x/v1"
+    assert data == BASE  # untouched, nested levels included
+
+
+def test_load_config_applies_env_and_leaves_the_file_alone(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    before = path.read_text()
+    cfg = load_config(path, environ={"COST_ROUTER__SERVER__PORT": "9000"})
+    assert cfg.server.port == 9000
+    assert path.read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"kind": "carrier-pigeon"}, "tiers.0.kind"),
+        ({"base_url": None}, "tiers.0.base_url"),
+        ({"price": {"input_per_mtok": -1, "output_per_mtok": 1}}, "tiers.0.price"),
+    ],
+)
+def test_tier_problems_name_the_key(change: dict[str, object], key: str) -> None:
+    data = copy.deepcopy(BASE)
+    data["tiers"][0].update(change)  # type: ignore[index]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config_from_dict(data, environ={})
+
+
+def test_unknown_policy_type_is_rejected_naming_the_key() -> None:
+    data = {**copy.deepcopy(BASE), "policies": {"p": {"type": "astrology"}},
+            "default_policy": "p"}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"policies\.p\.type"):
+        config_from_dict(data, environ={})
+
+
+def test_config_check_ok_and_bad_input_exits_2_naming_file_and_key(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(BASE))
+    ok = CliRunner().invoke(cli, ["config", "check", str(good)])
+    assert ok.exit_code == 0 and "OK (2 tiers" in ok.output
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**BASE, "server": {"port": "not-a-port"}}))
+    res = CliRunner().invoke(cli, ["config", "check", str(bad)])
+    assert res.exit_code == 2
+    assert str(bad) in res.output and "server.port" in res.output
+    assert "Traceback" not in res.output

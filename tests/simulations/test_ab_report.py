@@ -1,0 +1,165 @@
+"""A/B report statistics on synthetic traces with known truth, and the `ab report` command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from router.cli import app
+from simulations.ab_report import (
+    ReportError,
+    build_report,
+    format_table,
+    load_experiment,
+    to_dict,
+)
+
+PRICE = {"small": 0.0005, "large": 0.01}  # USD per request
+LAT = {"small": 100.0, "large": 400.0}
+
+
+def _records(arm: str, n: int, p_large: float, rng: np.random.Generator, fb_mean: float,
+             start: int = 0) -> list[dict]:
+    out = []
+    for i in range(n):
+        tier = "large" if rng.random() < p_large else "small"
+        out.append({
+            "schema_version": 1, "id": f"{arm}-{start + i}", "time": float(i),
+            "experiment": "exp", "arm": arm, "policy": arm, "tier": tier,
+            "prompt_tokens": 100, "completion_tokens": 100, "cost_usd": PRICE[tier],
+            "latency_ms": float(rng.exponential(LAT[tier])), "status": 200,
+            "feedback": float(np.clip(rng.normal(fb_mean, 0.2), 0, 1)),
+        })
+    return out
+
+
+def test_detects_real_difference_and_cis_cover_truth() -> None:
+    rng = np.random.default_rng(5)
+    recs = _records("control", 3000, 0.2, rng, 0.6) + _records("treat", 3000, 0.4, rng, 0.7)
+    rep = build_report(recs, "exp")
+    assert rep.control == "control" and rep.large_tier == "large"
+    arms = {a.arm: a for a in rep.arms}
+    for arm, p in (("control", 0.2), ("treat", 0.4)):
+        est = arms[arm].large_share
+        assert est.low <= p <= est.high
+        true_cost = 1000 * (p * PRICE["large"] + (1 - p) * PRICE["small"])
+        assert arms[arm].cost_per_1k.low <= true_cost <= arms[arm].cost_per_1k.high
+        assert arms[arm].latency_p50.low < arms[arm].latency_p50.value < arms[arm].latency_p50.high
+    assert arms["treat"].traffic.low <= 0.5 <= arms["treat"].traffic.high
+    diffs = {c.metric: c for c in rep.comparisons}
+    assert set(diffs) == {"large_share", "cost_per_1k", "latency_p50_ms", "latency_p95_ms",
+                          "feedback"}
+    for metric in ("large_share", "cost_per_1k", "feedback", "latency_p95_ms"):
+        assert diffs[metric].p_value < 0.001, metric
+        assert diffs[metric].diff.low > 0, metric
+    assert diffs["large_share"].diff.low <= 0.2 <= diffs["large_share"].diff.high
+    table = format_table(rep)
+    assert "share to large" in table and "treat - control" in table and "Welch t" in table
+
+
+def test_sample_ratio_check() -> None:
+    rng = np.random.default_rng(3)
+    recs = _records("a", 1000, 0.3, rng, 0.5) + _records("b", 1000, 0.3, rng, 0.5)
+    ok = build_report(recs, "exp", weights={"a": 1, "b": 1})
+    assert ok.srm_p is not None and ok.srm_p > 0.001
+    bad = build_report(recs, "exp", weights={"a": 1, "b": 3})
+    assert bad.srm_p is not None and bad.srm_p < 0.001
+    assert "MISMATCH" in format_table(bad) and "(ok)" in format_table(ok)
+    with pytest.raises(ReportError, match=r"arms \['b'\] that the config does not list"):
+        build_report(recs, "exp", weights={"a": 1})
+
+
+def test_identical_arms_not_significant() -> None:
+    rng = np.random.default_rng(1)
+    recs = _records("a", 2000, 0.3, rng, 0.5) + _records("b", 2000, 0.3, rng, 0.5)
+    rep = build_report(recs, "exp")
+    assert rep.control == "a"
+    for c in rep.comparisons:
+        assert c.p_value > 0.001, c.metric
+        assert c.diff.low <= 0 <= c.diff.high or c.metric.startswith("latency"), c.metric
+
+
+def test_feedback_file_overrides_and_errors_excluded_from_latency() -> None:
+    recs = [
+        {"id": "1", "experiment": "exp", "arm": "a", "tier": "small", "cost_usd": 0.001,
+         "latency_ms": 10.0, "status": 200, "prompt_tokens": 1, "completion_tokens": 1},
+        {"id": "2", "experiment": "exp", "arm": "a", "tier": "small", "cost_usd": 0.0,
+         "latency_ms": 9000.0, "status": 502},
+    ]
+    rep = build_report(recs, "exp", feedback={"1": 0.25}, large_tier="large")
+    arm = rep.arms[0]
+    assert arm.requests == 2 and arm.latency_p50.value == 10.0
+    assert arm.feedback.value == 0.25 and arm.feedback.n == 1
+    assert arm.cost_per_1k.value == pytest.approx(0.5)
+    with pytest.raises(ReportError, match="no traced requests"):
+        build_report([], "exp")
+
+
+def _write(path: Path, recs: list[dict]) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+
+
+def test_cli_report_png_html(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    recs = _records("control", 300, 0.2, rng, 0.6) + _records("treat", 300, 0.5, rng, 0.6)
+    other = [{**r, "experiment": "other"} for r in _records("x", 50, 0.5, rng, 0.5, 9000)]
+    _write(traces / "requests.jsonl.1", recs[:250])
+    _write(traces / "requests.jsonl", recs[250:] + other)
+    _write(traces / "feedback.jsonl", [{"request_id": "control-0", "score": 0.0}])
+    assert len(load_experiment([traces], "exp")) == 600
+    runner = CliRunner()
+    png, html = tmp_path / "c.png", tmp_path / "c.html"
+    r = runner.invoke(app, ["ab", "report", "--traces", str(traces), "--experiment", "exp",
+                            "--out", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "600 requests" in r.output and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = runner.invoke(app, ["ab", "report", "--traces", str(traces / "requests.jsonl"),
+                            "--traces", str(traces / "requests.jsonl.1"), "--experiment", "exp",
+                            "--out", str(html)])
+    assert r.exit_code == 0, r.output
+    assert "data:image/png;base64," in html.read_text() and "treat - control" in html.read_text()
+    r = runner.invoke(app, ["ab", "report", "--traces", str(traces), "--experiment", "nope"])
+    assert r.exit_code == 1 and "no traced requests for experiment 'nope'" in r.output
+
+
+def test_reads_through_the_one_trace_reader(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    recs = _records("a", 20, 0.3, rng, 0.5)
+    _write(tmp_path / "requests.jsonl", recs)
+    # The JSON keeps the keys it always had for an estimate: value, lo, hi, n.
+    est = to_dict(build_report(load_experiment([tmp_path], "exp"), "exp"))["arms"][0]["traffic"]
+    assert set(est) == {"value", "lo", "hi", "n"} and est["n"] == 20
+    _write(tmp_path / "requests.jsonl", [*recs, {**recs[0], "schema_version": 99}])
+    with pytest.raises(ReportError, match=r"requests.jsonl: line 21: .*schema_version 99"):
+        load_experiment([tmp_path], "exp")
+    with pytest.raises(ReportError, match="trace file not found"):
+        load_experiment([tmp_path / "nope.jsonl"], "exp")
+
+
+def test_cli_assign_matches_experiment(tmp_path: Path) -> None:
+    from policies.experiments import Experiment
+    from router.config import load_config
+
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(
+        "tiers:\n"
+        "  - {name: s, base_url: 'http://s', model: m, price: {input_per_mtok: 1, "
+        "output_per_mtok: 1}}\n"
+        "policies: {a: {type: fixed}, b: {type: fixed}}\n"
+        "default_policy: a\n"
+        "experiments:\n"
+        "  - {name: e, unit: team, arms: {x: {policy: a, weight: 1}, y: {policy: b, weight: 2}}}\n"
+    )
+    r = CliRunner().invoke(app, ["ab", "assign", str(cfg), "--experiment", "e", "t1", "t2", "t3"])
+    assert r.exit_code == 0, r.output
+    exp = Experiment(load_config(cfg, environ={}).experiments[0])
+    want = [f"{u}\t{exp.arm_for(u)}\t{exp.policy_of(exp.arm_for(u))}" for u in ("t1", "t2", "t3")]
+    assert r.output.splitlines() == want
+    r = CliRunner().invoke(app, ["ab", "assign", str(cfg), "--experiment", "zz", "t1"])
+    assert r.exit_code == 1 and "no experiment 'zz'" in r.output

@@ -1,0 +1,174 @@
+"""The simulator's commands end to end through the real `cost-router` CLI app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from router.cli import app
+from router.config import load_config
+from simulations.replay import trace_scores
+from simulations.sim_config import default_sim_config
+from simulations.trace_loader import load_trace
+from tests.support.sim import GSM8K, balanced, router_config_dict, write_jsonl_trace
+
+runner = CliRunner()
+
+
+def _run(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, list(args))
+    return res.exit_code, res.output
+
+
+def test_tune_writes_threshold_into_policy(tmp_path: Path) -> None:
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=0.5)))
+    out_json, chart = tmp_path / "tune.json", tmp_path / "pareto.html"
+    code, out = _run("tune", "--traces", str(GSM8K), "--target-quality", "0.95",
+                     "--write", str(cfg), "--bootstrap", "200", "--json", str(out_json),
+                     "--chart", str(chart))
+    assert code == 0, out
+    result = json.loads(out_json.read_text())
+    assert result["quality_ratio"] >= 0.95
+    ci = result["ci95"]["quality_ratio"]
+    assert ci["low"] <= result["quality_ratio"] <= ci["high"]
+    assert "threshold" in out and "95% CI" in out and f"{result['threshold']:.4f}" in out
+    written = load_config(cfg).policies["balanced"].model_extra["threshold"]
+    assert written == pytest.approx(result["threshold"])
+    assert "data:image/png;base64," in chart.read_text()
+
+
+def test_tune_write_keeps_environment_overrides_out_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Bug 1: `tune --write` saved COST_ROUTER__* values into the user's YAML (8080 became 9999).
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=0.5, server={"port": 8080})))
+    monkeypatch.setenv("COST_ROUTER__SERVER__PORT", "9999")
+    code, out = _run("tune", "--traces", str(GSM8K), "--max-large-share", "0.3",
+                     "--write", str(cfg), "--bootstrap", "0")
+    assert code == 0, out
+    written = yaml.safe_load(cfg.read_text())
+    assert written["server"] == {"port": 8080}
+    assert written["policies"]["balanced"]["threshold"] != 0.5
+    assert load_config(cfg).server.port == 9999  # the override still applies when loading
+
+
+def test_default_sim_config_is_not_touched_by_environment_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = default_sim_config()
+    monkeypatch.setenv("COST_ROUTER__POLICIES__BALANCED__THRESHOLD", "0.9")
+    monkeypatch.setenv("COST_ROUTER__SERVER__PORT", "9999")
+    code, out = _run("simulate", "--traces", str(GSM8K))
+    assert code == 0, out
+    assert default_sim_config() == before
+    assert (before.policies["balanced"].model_extra or {})["threshold"] == 0.5
+
+
+def test_tune_and_write_a_load_shedding_policy(tmp_path: Path) -> None:
+    # Bug 2: a `threshold` policy with `load_shed` "has no single threshold to sweep".
+    cfg = tmp_path / "router.yaml"
+    shed = {**balanced(0.5), "load_shed": {"max_waiting": 4, "margin": 0.1}}
+    cfg.write_text(yaml.safe_dump(router_config_dict(policies={"balanced": balanced(0.5),
+                                                               "shed": shed})))
+    code, out = _run("tune", "--traces", str(GSM8K), "--target-quality", "0.9", "--policy",
+                     "shed", "--write", str(cfg), "--bootstrap", "0")
+    assert code == 0, out
+    entry = yaml.safe_load(cfg.read_text())["policies"]["shed"]
+    assert entry["load_shed"] == shed["load_shed"] and entry["threshold"] != 0.5
+    assert "wrote policies.shed.threshold" in out
+
+
+def test_bad_config_is_a_clean_error(tmp_path: Path) -> None:
+    data = router_config_dict()
+    del data["tiers"][1]["price"]
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    code, out = _run("simulate", "--traces", str(GSM8K), "--config", str(cfg))
+    assert code == 2
+    assert "tiers.1.price" in out
+
+
+def test_tune_unreachable_target_is_a_clean_error() -> None:
+    code, out = _run("tune", "--traces", str(GSM8K), "--target-cost", "0.0001",
+                     "--bootstrap", "0")
+    assert code == 2
+    assert out.startswith("error: no threshold meets cost <= $0.0001")
+
+
+def test_simulate_and_budgets(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    write_jsonl_trace(trace, 60)
+    cfg = tmp_path / "router.yaml"
+    data = router_config_dict(
+        threshold=0.2, teams={"alpha": {"budget": {"limit_usd": 0.002, "period": "daily"}}})
+    data["policies"]["everything-large"] = {"type": "fixed", "tier": "large"}
+    cfg.write_text(yaml.safe_dump(data))
+    decisions = tmp_path / "d.jsonl"
+    code, out = _run("simulate", "-t", str(trace), "-c", str(cfg), "--budgets", "--compare",
+                     "--decisions", str(decisions), "--json", str(tmp_path / "s.json"))
+    assert code == 0, out
+    assert "budget_pacing" in out and "alpha" in out and "everything-large" in out
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert result["summary"]["requests"] == 60
+    assert len(result["budgets"]) == 2
+    fixed = next(p for p in result["policies"] if p["policy"] == "everything-large")
+    assert fixed["share"]["large"] == 1.0
+    rows = [json.loads(line) for line in decisions.read_text().splitlines()]
+    assert len(rows) == 60
+    assert all((r["tier"] == "large") == (r["score"] >= 0.2) for r in rows)
+    assert sum(r["cost_usd"] for r in rows) == pytest.approx(result["summary"]["cost_usd"])
+
+
+def test_what_if_lists_each_lever_before_combinations(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    write_jsonl_trace(trace, 80, rate_per_s=3)
+    # A threshold that routes part of this trace large, whatever the model's score scale.
+    scores = trace_scores(load_trace([trace]), None)
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=float(np.median(scores)))))
+    code, out = _run("what-if", "-t", str(trace), "-c", str(cfg), "--json",
+                     str(tmp_path / "w.json"), "--chart", str(tmp_path / "lat.png"))
+    assert code == 0, out
+    rows = json.loads((tmp_path / "w.json").read_text())
+    levers = [r["lever"] for r in rows]
+    assert levers == sorted(levers, key=["baseline", "alone", "combined"].index)
+    by = {r["scenario"]: r for r in rows}
+    assert by["all-large + spec decoding"]["p50_s"] < by["all-large"]["p50_s"]
+    assert by["all-large + spec decoding"]["cost_per_1k"] == by["all-large"]["cost_per_1k"]
+    assert by["routed"]["cost_per_1k"] < by["all-large"]["cost_per_1k"]
+    assert (tmp_path / "lat.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_synth_then_stream(tmp_path: Path) -> None:
+    out = tmp_path / "s.parquet"
+    code, text = _run("synth", "--out", str(out), "--rows", "5000", "--from", str(GSM8K),
+                      "--with-scores")
+    assert code == 0, text
+    results = []
+    for extra in ([], ["--recorded-scores"]):
+        js = tmp_path / f"s{len(extra)}.json"
+        code, text = _run("simulate", "-t", str(out), "--stream", "--json", str(js), *extra)
+        assert code == 0, text
+        results.append(json.loads(js.read_text()))
+    assert results[0]["summary"]["requests"] == 5000
+    assert len(results[0]["sweep"]) == 201
+    # Scores written by synth are the classifier's: replaying them equals re-scoring.
+    assert results[1]["summary"] == results[0]["summary"]
+    code, text = _run("tune", "-t", str(out), "--target-quality", "0.9", "--recorded-scores",
+                      "--bootstrap", "0")
+    assert code == 0, text
+
+
+def test_bad_trace_is_a_clean_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema_version": 1, "id": "a", "time": 1, "prompt": "x"}\n{"id": "b"}\n')
+    code, out = _run("simulate", "-t", str(bad))
+    assert code == 2
+    assert "bad.jsonl: line 1: missing field 'outcomes.small'" in out

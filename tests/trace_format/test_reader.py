@@ -1,0 +1,89 @@
+"""trace_format/: the one trace reader (version check, errors naming file and line), the
+trace-folder layout, the feedback file, and the request text every area reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from trace_format.feedback import FEEDBACK_FILE, feedback_line, feedback_path_for, load_feedback
+from trace_format.reader import TraceFormatError, iter_lines, iter_records, trace_files
+from trace_format.request_text import request_text, upstream_text
+from trace_format.schema import SCHEMA_VERSION
+
+
+def _write(path: Path, *lines: bytes) -> Path:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def _rec(**extra: object) -> bytes:
+    return orjson.dumps({"schema_version": SCHEMA_VERSION, "id": "r1", "time": 1.0, **extra})
+
+
+def test_records_are_validated_and_blank_lines_skipped(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", _rec(tier="small", score=0.25), b"", _rec(id="r2"))
+    records = [r for _, r in iter_records(path)]
+    assert [r.id for r in records] == ["r1", "r2"]
+    assert records[0].tier == "small" and records[0].score == 0.25
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b"{not json", "line 2: not JSON"),
+        (b"[1, 2]", "line 2: expected a JSON object"),
+        (orjson.dumps({"schema_version": 99, "id": "x", "time": 1}),
+         "line 2: trace schema_version 99 is not supported"),
+        (orjson.dumps({"schema_version": 1, "time": 1}), "line 2: missing field 'id'"),
+        (_rec(score=7), "line 2: field 'score'"),
+    ],
+)
+def test_bad_lines_name_file_and_line(tmp_path: Path, line: bytes, message: str) -> None:
+    path = _write(tmp_path / "t.jsonl", _rec(), line)
+    with pytest.raises(TraceFormatError, match=message) as err:
+        list(iter_records(path))
+    assert str(path) in str(err.value)
+
+
+def test_contains_prefilter_skips_lines_unparsed(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", _rec(experiment="a"), b"{garbage", _rec(experiment="b"))
+    assert [d["experiment"] for _, d in iter_lines(path, contains=b'"a"')] == ["a"]
+
+
+def test_trace_folder_holds_current_and_rotated_files_not_feedback(tmp_path: Path) -> None:
+    for name in ("requests.jsonl", "requests.jsonl.1", "requests.jsonl.2", FEEDBACK_FILE,
+                 "notes.txt"):
+        (tmp_path / name).write_text("")
+    names = [p.name for p in trace_files([tmp_path])]
+    assert names == ["requests.jsonl", "requests.jsonl.1", "requests.jsonl.2"]
+    with pytest.raises(TraceFormatError, match="not found"):
+        trace_files([tmp_path / "missing.jsonl"])
+
+
+def test_missing_trace_file_is_a_format_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="cannot read trace"):
+        list(iter_lines(tmp_path / "absent.jsonl"))
+
+
+def test_feedback_file_round_trip_averages_and_skips_torn_lines(tmp_path: Path) -> None:
+    path = feedback_path_for(tmp_path / "requests.jsonl")
+    assert path == tmp_path / FEEDBACK_FILE
+    lines = [feedback_line(rid, score, None, now=1.0)[1]
+             for rid, score in (("a", 1.0), ("a", 0.5), ("b", 0.0))]
+    path.write_bytes(b"".join(lines) + b'{"request_id": "c", "sco')
+    assert load_feedback(path) == {"a": 0.75, "b": 0.0}
+    assert load_feedback(tmp_path / "absent.jsonl") == {}
+
+
+def test_request_text_and_upstream_text_read_both_body_kinds() -> None:
+    chat = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "hello"},
+                                                      {"type": "image_url", "image_url": {}}]}]}
+    assert request_text(chat, context_turns=0) == "hello"
+    assert request_text(chat, context_turns=2) == "be brief\nhello"
+    assert upstream_text(chat) == "be brief\nhello"
+    assert request_text({"prompt": ["a", "b"]}) == upstream_text({"prompt": ["a", "b"]}) == "a\nb"
+    assert upstream_text({"prompt": [1, 2, 3]}) == ""

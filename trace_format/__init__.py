@@ -1,0 +1,2 @@
+"""The bottom layer: the trace record, the one trace reader, the feedback file format, and the
+text a request carries. Every other package may import it; it imports none of them."""

@@ -1,0 +1,48 @@
+"""The feedback file: one JSON object per line beside the traces, written by POST /v1/feedback
+and read by the A/B report (mean score per request id)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+FEEDBACK_FILE = "feedback.jsonl"
+
+
+def feedback_path_for(trace_path: str | Path) -> Path:
+    """Where feedback for the traces at `trace_path` is kept."""
+    return Path(trace_path).parent / FEEDBACK_FILE
+
+
+def feedback_line(request_id: str, score: float, comment: str | None,
+                  now: float | None = None) -> tuple[dict[str, Any], bytes]:
+    """One feedback record and its encoded line."""
+    record = {"request_id": request_id, "score": score, "comment": comment,
+              "time": time.time() if now is None else now}
+    return record, orjson.dumps(record) + b"\n"
+
+
+def load_feedback(path: str | Path) -> dict[str, float]:
+    """Mean feedback score per request id from a feedback file ({} if absent).
+
+    Lines that do not parse are skipped: the file is appended to by live replicas, so its last
+    line may be half-written while we read.
+    """
+    sums: dict[str, list[float]] = {}
+    p = Path(path)
+    if not p.exists():
+        return {}
+    with p.open("rb") as fh:
+        for line in fh:
+            try:
+                rec = orjson.loads(line)
+                rid, score = rec["request_id"], float(rec["score"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+            acc = sums.setdefault(rid, [0.0, 0.0])
+            acc[0] += score
+            acc[1] += 1
+    return {rid: total / n for rid, (total, n) in sums.items()}

@@ -6,7 +6,7 @@ prices tokens calls it, the simulator with numpy arrays, the proxy and budgets w
 
 from __future__ import annotations
 
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -33,21 +33,20 @@ def cost_nanos(
 ) -> int: ...
 @overload
 def cost_nanos(
-    input_per_mtok: npt.ArrayLike, output_per_mtok: npt.ArrayLike, prompt_tokens: npt.ArrayLike,
-    completion_tokens: npt.ArrayLike,
-) -> int | npt.NDArray[np.int64]: ...
+    input_per_mtok: Any, output_per_mtok: Any, prompt_tokens: npt.NDArray[Any],
+    completion_tokens: npt.NDArray[Any],
+) -> npt.NDArray[np.int64]: ...
 def cost_nanos(
-    input_per_mtok: npt.ArrayLike, output_per_mtok: npt.ArrayLike, prompt_tokens: npt.ArrayLike,
-    completion_tokens: npt.ArrayLike,
+    input_per_mtok: Any, output_per_mtok: Any, prompt_tokens: Any, completion_tokens: Any,
 ) -> int | npt.NDArray[np.int64]:
     """Cost in nano-USD, rounded half-even; scalars give an int, arrays an int64 array."""
-    # USD per Mtok * 1e9 nanos / 1e6 tokens = price * 1000 nanos per token.
-    nanos = np.multiply(np.multiply(prompt_tokens, input_per_mtok), 1000)
-    nanos = nanos + np.multiply(np.multiply(completion_tokens, output_per_mtok), 1000)
-    rounded = np.rint(nanos)
-    if np.ndim(rounded) == 0:
-        return int(rounded)
-    return rounded.astype(np.int64)
+    # USD per Mtok * 1e9 nanos / 1e6 tokens = price * 1000 nanos per token. Plain operators, so
+    # the proxy's scalar case stays pure Python (the hot path) and arrays stay vectorised; both
+    # do the same float64 operations in the same order, so they agree to the nano.
+    nanos = prompt_tokens * input_per_mtok * 1000 + completion_tokens * output_per_mtok * 1000
+    if isinstance(nanos, np.ndarray):
+        return np.rint(nanos).astype(np.int64)
+    return round(float(nanos))  # half-even, as np.rint
 
 
 class Price(StrictModel):

@@ -78,6 +78,21 @@ def private_redis(tmp: Path) -> Iterator[PrivateRedis]:
         server.stop()
 
 
+def _end(proc: subprocess.Popen[bytes] | None, kill: bool = False, timeout_s: float = 10) -> None:
+    """Stop a child we started: SIGKILL at once (`kill`), or SIGTERM then SIGKILL after a wait."""
+    if proc is None or proc.poll() is not None:
+        return
+    if kill:
+        proc.kill()
+    else:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class PrivateRedis:
     def __init__(self, directory: Path, port: int) -> None:
         self.dir = directory
@@ -108,18 +123,10 @@ class PrivateRedis:
 
     def kill(self) -> None:
         """SIGKILL: no chance to flush anything beyond what appendfsync already wrote."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        _end(self.proc, kill=True)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc)
 
 
 class Proxy:
@@ -165,18 +172,10 @@ class Proxy:
         raise RuntimeError("proxy did not become healthy")
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        _end(self.proc, kill=True)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        _end(self.proc, timeout_s=15)
 
     def log(self) -> str:
         return self.out.read_text(errors="replace")

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -41,6 +41,9 @@ class SignalsPoller:
     timeout_s: float = 1.0
     stale_after_s: float = 10.0
     client: httpx.AsyncClient | None = None
+    # Wall clock of readings and of staleness (tests advance their own); intervals between two
+    # scrapes, which rates are computed over, always use time.monotonic.
+    clock: Callable[[], float] = time.time
     _states: dict[str, _TierState] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _own_client: bool = False
@@ -70,14 +73,14 @@ class SignalsPoller:
         try:
             new = await self._scrape_tier(ep, state)
         except Exception as exc:  # a poll must never take the router down with it
-            new = replace(TierSignals(tier=ep.tier), status="error", time=time.time(),
+            new = replace(TierSignals(tier=ep.tier), status="error", time=self.clock(),
                           detail=f"{type(exc).__name__}: {exc}")  # fmt: skip
         if new.status != state.signals.status:
             _log_transition(ep, state.signals.status, new)
         state.signals = new
 
     async def _scrape_tier(self, ep: Endpoint, state: _TierState) -> TierSignals:
-        now, mono = time.time(), time.monotonic()
+        now, mono = self.clock(), time.monotonic()
         resp = await self._get(ep.metrics_url) if ep.metrics_url else None
         if isinstance(resp, httpx.Response) and resp.status_code == 200:
             cur = parse_metrics(resp.text)
@@ -114,7 +117,7 @@ class SignalsPoller:
         return {tier: st.signals for tier, st in self._states.items()}
 
     def _fresh(self) -> dict[str, TierSignals]:
-        cutoff = time.time() - self.stale_after_s
+        cutoff = self.clock() - self.stale_after_s
         return {
             t: s for t, s in self.snapshot().items() if s.status == "ok" and s.time >= cutoff
         }

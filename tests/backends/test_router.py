@@ -7,7 +7,6 @@ the router is the real app (shipped classifier, in-process budgets) driven throu
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from fastapi.testclient import TestClient
 from router.app import create_app
 from router.config import config_from_dict
 from tests.support.metrics_server import LATER, MetricsServer
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -47,13 +47,6 @@ def _config(server: MetricsServer, traces: Path) -> dict:
     }
 
 
-def _wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def _ask(client: TestClient) -> str:
     body = {"model": "auto", "messages": [{"role": "user", "content": "Summarise this text."}]}
     resp = client.post("/v1/chat/completions", json=body)
@@ -68,7 +61,7 @@ def test_queue_on_large_tier_sheds_to_small_and_is_traced(
     app = create_app(config_from_dict(_config(server, traces)))
     with TestClient(app) as client:
         state = app.state.router
-        _wait_for(lambda: state.signals.snapshot()["large"].status == "ok")
+        wait_for(lambda: state.signals.snapshot()["large"].status == "ok", 10, "a first good poll")
         assert _ask(client) == "small"  # fixture: 12 requests waiting on the large server
 
         metrics = client.get("/metrics").text
@@ -76,9 +69,10 @@ def test_queue_on_large_tier_sheds_to_small_and_is_traced(
         assert 'cost_router_backend_metrics_available{tier="large"} 1.0' in metrics
 
         server.metrics = LATER  # the queue drained to 1
-        _wait_for(lambda: state.signals.snapshot()["large"].waiting == 1.0)
+        wait_for(lambda: state.signals.snapshot()["large"].waiting == 1.0, 10, "the queue reading")
         assert _ask(client) == "large"
-        _wait_for(lambda: client.get("/metrics").text.count("spec_acceptance_rate{") == 1)
+        wait_for(lambda: client.get("/metrics").text.count("spec_acceptance_rate{") == 1, 10,
+                 "the acceptance gauge")
 
     records = [json.loads(line) for line in traces.read_text().splitlines()]
     shed, kept = records

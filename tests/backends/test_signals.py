@@ -232,18 +232,22 @@ def test_unreachable_and_malformed_servers_do_not_raise(server: MetricsServer) -
 
 
 def test_stale_readings_are_not_given_to_policies(server: MetricsServer) -> None:
-    poller = SignalsPoller([server.endpoint()], timeout_s=2.0, stale_after_s=1.0)
+    now = [1_000.0]
+    poller = SignalsPoller([server.endpoint()], timeout_s=2.0, stale_after_s=1.0,
+                           clock=lambda: now[0])  # fmt: skip
 
     async def go() -> None:
         try:
             await poller.poll_once()
-            assert "large" in poller.load()
-            await asyncio.sleep(1.2)
         finally:
             await poller.stop()
 
     asyncio.run(go())
-    assert poller.load() == {}
+    assert "large" in poller.load()
+    now[0] += 0.9
+    assert "large" in poller.load()  # still fresh
+    now[0] += 0.2
+    assert poller.load() == {}  # 1.1 s old: stale
 
 
 def test_background_task_polls_until_stopped(server: MetricsServer) -> None:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.proxy import stop_process
+from tests.support.waiting import wait_for
 
 pytest.importorskip("llama_cpp")
 
@@ -70,7 +71,7 @@ def test_demo_serves_then_sigterm_stops_children(tmp_path: Path) -> None:
         assert len(kids) == 2  # the two llama.cpp servers
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
-        time.sleep(0.5)
-        assert not [k for k in kids if alive(k)]
+        wait_for(lambda: not [k for k in kids if alive(k)], timeout_s=10,
+                 what="both llama.cpp servers to exit")
     finally:
         stop_process(proc)

@@ -95,7 +95,7 @@ class AuthConfig(StrictModel):
 
 
 class BudgetsConfig(StrictModel):
-    store: Literal["memory", "redis"] = "memory"
+    store: str = Field(default="memory", description="a store kind of policies/budgets/factory.py")
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = Field(default="cr", pattern=r"^[A-Za-z0-9_.\-]+$")
     fail_mode: Literal["closed", "open"] = "closed"

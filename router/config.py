@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from backends.config import SignalsConfig, StrictModel, TierConfig
 from backends.registry import tier_problems
 from classifiers.config import ClassifierConfig
+from policies.budgets.factory import check_store_kind
 from policies.config import (
     AuthConfig,
     BudgetsConfig,
@@ -84,6 +85,7 @@ class RouterConfig(StrictModel):
                     for key, msg in tier_problems(tier)]
         if problems:
             raise ConfigError("; ".join(problems))
+        check_store_kind(self.budgets.store)
         tiers = {t.name for t in self.tiers}
         if self.policies and self.default_policy not in self.policies:
             raise ConfigError(f"default_policy: {self.default_policy!r} is not in policies")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from policies.budgets.memory import InMemoryBudgetStore
 from policies.budgets.store import BudgetStore, Clock
-from policies.config import BudgetsConfig
+from policies.config import BudgetsConfig, ConfigError
 from policies.keys import InMemoryKeyStore, KeyStore, RedisKeyStore
 
 log = logging.getLogger("cost_router.budgets")
@@ -35,15 +35,24 @@ def _redis(cfg: BudgetsConfig, clock: Clock) -> Stores:
     return store, RedisKeyStore(store.redis, cfg.key_prefix)
 
 
-# budgets.store -> builder. BudgetsConfig.store accepts exactly these names (a test checks it).
+# budgets.store -> builder: the one list of store kinds (the config accepts exactly these).
 STORE_KINDS: dict[str, Callable[[BudgetsConfig, Clock], Stores]] = {
     "memory": _memory,
     "redis": _redis,
 }
 
 
+def check_store_kind(kind: str) -> None:
+    """ConfigError naming `budgets.store` unless `kind` is one of STORE_KINDS."""
+    if kind not in STORE_KINDS:
+        raise ConfigError(
+            f"budgets.store: unknown budget store {kind!r} (known: {sorted(STORE_KINDS)})"
+        )
+
+
 def build_stores(cfg: BudgetsConfig, clock: Clock = time.time) -> Stores:
     """The budget store `cfg.store` names and the key store that goes with it."""
+    check_store_kind(cfg.store)
     return STORE_KINDS[cfg.store](cfg, clock)
 
 

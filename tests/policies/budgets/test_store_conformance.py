@@ -14,7 +14,7 @@ import asyncio
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterator
-from typing import Any, get_args
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -29,8 +29,9 @@ from policies.budgets.money import nanos_to_usd, usd_to_nanos
 from policies.budgets.periods import period_window
 from policies.budgets.scopes import BudgetScope
 from policies.budgets.store import BudgetExceeded, BudgetStore
-from policies.config import BudgetLimit, BudgetsConfig
+from policies.config import BudgetLimit, BudgetsConfig, ConfigError
 from policies.keys import KeyRecord, KeyStore
+from router.config import config_from_dict
 from tests.support.budgets import (
     REDIS_URL,
     ManualClock,
@@ -109,9 +110,16 @@ def kit(request: pytest.FixtureRequest) -> Iterator[StoreKit]:
     built.close()
 
 
-def test_every_store_kind_the_config_accepts_is_built_and_checked() -> None:
-    accepted = set(get_args(BudgetsConfig.model_fields["store"].annotation))
-    assert accepted == set(STORE_KINDS) == set(KITS)
+def test_the_config_accepts_exactly_the_store_kinds_and_each_has_a_kit() -> None:
+    assert set(STORE_KINDS) == set(KITS)
+    base = {"tiers": [{"name": "t", "base_url": "http://127.0.0.1:9/v1", "model": "m",
+                       "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]}  # fmt: skip
+    for kind in STORE_KINDS:
+        assert config_from_dict({**base, "budgets": {"store": kind}}, environ={}).budgets.store
+    with pytest.raises(ConfigError, match=r"budgets\.store: unknown budget store 'sqlite'"):
+        config_from_dict({**base, "budgets": {"store": "sqlite"}}, environ={})
+    with pytest.raises(ConfigError, match=r"budgets\.store"):
+        build_stores(BudgetsConfig(store="sqlite"))
 
 
 def run(coro: Awaitable[Any]) -> Any:

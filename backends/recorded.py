@@ -7,11 +7,12 @@ test_fidelity.py). A request is matched to its record by the text the classifier
 (trace_format.request_text); a request that is not in the trace is a 400, never a guess.
 
 Reads JSONL traces (a file, or a folder of them) through trace_format/reader.py, the one trace
-reader.
+reader, and RouteLLM CSV files (`.csv`) through trace_format/routellm_csv.py, the one CSV reader,
+dropping contaminated prompts as the simulator does by default.
 Token counts a record lacks are filled as the simulator fills them (simulations/trace.py): prompt
-tokens counted from the prompt text with backends/tokens.py, completion tokens 1 (RouteLLM MMLU
-answers are one token); run `cost-router simulate --completion-tokens 1` on such a trace for equal
-costs.
+tokens counted from the prompt text with backends/tokens.py, completion tokens from the tier's
+recorded answer (a CSV's `<model>_response` column), else 1 (RouteLLM MMLU answers are one
+token); run `cost-router simulate --completion-tokens 1` on such a trace for equal costs.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import orjson
@@ -30,9 +32,12 @@ from backends.config import TierConfig
 from backends.tokens import count_tokens
 from trace_format.reader import iter_records, trace_files
 from trace_format.request_text import request_text
+from trace_format.routellm_csv import DEFAULT_LARGE, DEFAULT_SMALL, iter_rows
 
 # Outcome keys of our traces: a replay tier answers as one of these roles.
 ROLES = ("large", "small")  # checked in this order: a tier named `large` is large
+# A RouteLLM CSV's outcome column of each role (the simulator's defaults, classifiers/dataset.py).
+CSV_COLUMNS = {"small": DEFAULT_SMALL, "large": DEFAULT_LARGE}
 DEFAULT_COMPLETION_TOKENS = 1
 
 
@@ -43,40 +48,64 @@ class _Recorded:
     usage: Usage
 
 
+def _is_csv(trace: str) -> bool:
+    return trace.endswith(".csv")
+
+
 def _role(tier: TierConfig) -> str:
+    """The outcome role the tier answers as: its model or name is the role, or (CSV) the role's
+    outcome column."""
+    assert tier.replay_trace, "kind 'replay' tiers have replay_trace (checked by the config)"
+    csv = _is_csv(tier.replay_trace)
     for role in ROLES:
-        if role in (tier.model, tier.name):
+        names = {role, CSV_COLUMNS[role]} if csv else {role}
+        if names & {tier.model, tier.name}:
             return role
+    outcome_names = " / ".join(repr(CSV_COLUMNS[r] if csv else r) for r in reversed(ROLES))
     raise ValueError(
         f"tier {tier.name!r}: kind 'replay' needs model (or name) to be one of the trace's "
-        f"outcome names {' / '.join(repr(r) for r in reversed(ROLES))}"
+        f"outcome names {outcome_names}" + (" (or 'small' / 'large')" if csv else "")
     )
+
+
+def _completion(recorded: int | None, answer: str | None) -> int:
+    # As simulations/trace.py: the recorded count, else the recorded answer's tokens, else 1.
+    if recorded is not None:
+        return recorded
+    return count_tokens(answer) if answer else DEFAULT_COMPLETION_TOKENS
+
+
+def _read_jsonl(path: Path, role: str, context_turns: int) -> Iterator[tuple[str, _Recorded]]:
+    for where, record in iter_records(path):
+        text = record.prompt
+        if text is None:  # live traces record content only when configured
+            text = request_text({"messages": record.messages or []}, context_turns)
+        prompt = count_tokens(text) if record.prompt_tokens is None else record.prompt_tokens
+        usage = Usage(prompt, _completion(record.completion_tokens, None), reported=True)
+        yield text, _Recorded(where, (record.outcomes or {}).get(role, math.nan), usage)
+
+
+def _read_csv(path: Path, role: str) -> Iterator[tuple[str, _Recorded]]:
+    for row in iter_rows(path, CSV_COLUMNS["small"], CSV_COLUMNS["large"]):
+        if row.contaminated:  # the simulator drops these by default
+            continue
+        large = role == "large"
+        answer = row.large_response if large else row.small_response
+        usage = Usage(count_tokens(row.prompt), _completion(None, answer), reported=True)
+        yield row.prompt, _Recorded(row.where, row.large if large else row.small, usage)
 
 
 def _load(tier: TierConfig, role: str, context_turns: int) -> tuple[dict[str, _Recorded], int]:
     """Records by request text (a duplicated prompt answers as its first record), and the count."""
     assert tier.replay_trace, "kind 'replay' tiers have replay_trace (checked by the config)"
-    if tier.replay_trace.endswith(".csv"):
-        raise ValueError(f"tier {tier.name!r}: replay_trace {tier.replay_trace}: kind 'replay' "
-                         "reads JSONL traces (docs/traces.md), not CSV")  # fmt: skip
     by_text: dict[str, _Recorded] = {}
     count = 0
     for path in trace_files([tier.replay_trace]):
-        for where, record in iter_records(path):
+        records = (_read_csv(path, role) if _is_csv(str(path))
+                   else _read_jsonl(path, role, context_turns))  # fmt: skip
+        for text, recorded in records:
             count += 1
-            text = record.prompt
-            if text is None:  # live traces record content only when configured
-                text = request_text({"messages": record.messages or []}, context_turns)
-            if text in by_text:
-                continue
-            prompt = count_tokens(text) if record.prompt_tokens is None else record.prompt_tokens
-            completion = record.completion_tokens
-            by_text[text] = _Recorded(
-                where,
-                (record.outcomes or {}).get(role, math.nan),
-                Usage(prompt, DEFAULT_COMPLETION_TOKENS if completion is None else completion,
-                      reported=True),  # fmt: skip
-            )
+            by_text.setdefault(text, recorded)
     if not count:
         raise ValueError(f"tier {tier.name!r}: no trace records in {tier.replay_trace}")
     return by_text, count

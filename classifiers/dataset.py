@@ -2,7 +2,9 @@
 
 Training, evaluation and the simulator all call `load_dataset`. A RouteLLM CSV has a `prompt`
 column and one outcome column per model (True/False, 0/1 or a graded score such as a 1-10 judge
-score); the caller names which column is the small and which the large model. Our traces
+score); the caller names which column is the small and which the large model. The file format
+(header, outcome values, contamination files) is read by trace_format/routellm_csv.py; this
+module adds benchmarks, sources and the columns training needs. Our traces
 (trace_format/schema.py, docs/traces.md; read through the one trace reader,
 trace_format/reader.py) carry outcomes in `outcomes` = {tier or model: score}.
 
@@ -12,10 +14,7 @@ so that per-request decisions (the `random` policy's draw) are replayed as the p
 
 from __future__ import annotations
 
-import csv
-import json
 import os
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,21 +23,19 @@ import numpy as np
 
 from trace_format.reader import TraceFormatError, is_trace_file, iter_lines, validate
 from trace_format.request_text import request_text
+from trace_format.routellm_csv import (
+    CONTAMINATION_FILE,
+    DEFAULT_LARGE,
+    DEFAULT_SMALL,
+    CsvFormatError,
+    iter_rows,
+)
 from trace_format.schema import TraceRecord
 
-# RouteLLM's evaluation set: Mixtral is the cheap model, GPT-4 the expensive one.
-DEFAULT_SMALL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
-DEFAULT_LARGE = "gpt-4-1106-preview"
 # Tier names used by our own traces when the caller names none.
 DEFAULT_TRACE_SMALL = "small"
 DEFAULT_TRACE_LARGE = "large"
-CONTAMINATION_FILE = "contaminated_prompts.jsonl"
 DATA_ENV = "COST_ROUTER_DATA"
-
-_TRUE = {"true", "t", "yes", "y"}
-_FALSE = {"false", "f", "no", "n"}
-
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
 def routellm_data_dir() -> Path:
@@ -130,53 +127,6 @@ class _Rows:
     files: list[str] = field(default_factory=list)
 
 
-def parse_outcome(value: str | float | bool | None, where: str) -> float:
-    """True/False, 1/0 or a graded number -> float; empty -> NaN (unknown)."""
-    if isinstance(value, bool):
-        return float(value)
-    if value is None:
-        return float("nan")
-    if isinstance(value, int | float):
-        return float(value)
-    text = value.strip().lower()
-    if not text:
-        return float("nan")
-    if text in _TRUE:
-        return 1.0
-    if text in _FALSE:
-        return 0.0
-    try:
-        return float(text)
-    except ValueError:
-        raise DatasetError(f"{where}: not an outcome (True/False or a number): {value!r}") from None
-
-
-def contaminated_prompts(paths: Iterable[Path]) -> set[str]:
-    """`eval_prompt` of every contamination file (RouteLLM drops these rows before evaluating)."""
-    prompts: set[str] = set()
-    for path in paths:
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                prompts.add(json.loads(line)["eval_prompt"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise DatasetError(f"{path}:{lineno}: expected JSON with 'eval_prompt'") from None
-    return prompts
-
-
-def _contamination_files(csv_file: Path, root: Path) -> list[Path]:
-    # RouteLLM keeps the file next to the CSV (gsm8k/) or one folder up (mmlu/responses/).
-    found = []
-    for folder in [csv_file.parent, *csv_file.parent.parents]:
-        candidate = folder / CONTAMINATION_FILE
-        if candidate.is_file():
-            found.append(candidate)
-        if folder == root or folder == root.parent:
-            break
-    return found
-
-
 def _benchmark_of(csv_file: Path, root: Path) -> str:
     # <root>/<benchmark>/...csv when given the data root, else the CSV's own folder name
     # (skipping RouteLLM's `responses/` level).
@@ -187,54 +137,27 @@ def _benchmark_of(csv_file: Path, root: Path) -> str:
 
 
 def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, rows: _Rows) -> None:
-    banned = contaminated_prompts(_contamination_files(path, root)) if exclude else set()
     benchmark = _benchmark_of(path, root)
-    name = _csv_name(path, root)
-    with path.open(encoding="utf-8", errors="replace", newline="") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise DatasetError(f"{path}: line 1: empty file, expected a header with 'prompt'")
-        for column in ("prompt", small, large):
-            if column not in header:
-                raise DatasetError(
-                    f"{path}: line 1: missing column {column!r} (columns: {', '.join(header)})"
-                )
-        ip, is_, il = header.index("prompt"), header.index(small), header.index(large)
-        rs = header.index(f"{small}_response") if f"{small}_response" in header else None
-        rl = header.index(f"{large}_response") if f"{large}_response" in header else None
-        start = reader.line_num + 1
-        row = 0
-        for record in reader:
-            where = f"{path}: line {start}"
-            start = reader.line_num + 1
-            if not record:
-                continue
-            row += 1
-            if len(record) != len(header):
-                raise DatasetError(f"{where}: {len(record)} fields, header has {len(header)}")
-            prompt = record[ip]
-            if prompt in banned:
+    try:
+        for row in iter_rows(path, small, large, root=root, exclude_contaminated=exclude):
+            if row.contaminated:
                 rows.excluded += 1
                 continue
-            rows.prompts.append(prompt)
-            rows.ids.append(f"{name}:{row}")
-            rows.small.append(parse_outcome(record[is_], f"{where}: column {small!r}"))
-            rows.large.append(parse_outcome(record[il], f"{where}: column {large!r}"))
+            rows.prompts.append(row.prompt)
+            rows.ids.append(row.id)
+            rows.small.append(row.small)
+            rows.large.append(row.large)
             rows.benchmark.append(benchmark)
             rows.source.append(path.stem)
-            rows.small_responses.append(record[rs] if rs is not None else None)
-            rows.large_responses.append(record[rl] if rl is not None else None)
+            rows.small_responses.append(row.small_response)
+            rows.large_responses.append(row.large_response)
             for extra in (rows.prompt_tokens, rows.completion_tokens, rows.timestamps):
                 extra.append(float("nan"))
             rows.teams.append(None)
+    except CsvFormatError as exc:
+        # The format's messages already name the file and line ("<file>: line N: ...").
+        raise DatasetError(str(exc)) from None
     rows.files.append(str(path))
-
-
-def _csv_name(path: Path, root: Path) -> str:
-    # Relative to the folder given (e.g. "gsm8k/gsm8k_responses.csv"), the file name when the
-    # file itself was given: the same row gets the same id whichever way the file is reached.
-    return path.relative_to(root).as_posix() if root.is_dir() else path.name
 
 
 def _outcome(record: TraceRecord, name: str, where: str, required: bool) -> float:

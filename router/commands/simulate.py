@@ -19,7 +19,7 @@ import yaml
 
 from classifiers.dataset import routellm_data_dir
 from policies.config import ConfigError
-from policies.registry import parse_params
+from policies.registry import SPECS, parse_params
 from router.commands.common import load_config_or_exit
 from router.config import RouterConfig, config_from_dict
 from simulations.sim_config import DEFAULT_POLICY, SimConfig, default_sim_config
@@ -122,7 +122,8 @@ def write_threshold(path: str | Path, policy: str | None, threshold: float) -> s
     policies = data.setdefault("policies", {}) or {}
     data["policies"] = policies
     entry = policies.setdefault(name, {"type": "threshold"})
-    if entry.get("type") not in ("threshold", "budget_pacing"):
+    spec = SPECS.get(str(entry.get("type")))
+    if spec is None or "threshold" not in spec.params.model_fields:
         raise ConfigError(f"{p}: policies.{name} has type {entry.get('type')!r}: no threshold")
     entry.pop("target_large_share", None)  # a fixed threshold replaces a target share
     entry["threshold"] = round(float(threshold), 6)

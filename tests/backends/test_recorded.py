@@ -16,6 +16,7 @@ from backends.tokens import count_tokens
 from simulations.trace import LARGE, SMALL
 from simulations.trace_loader import load_trace
 from trace_format.reader import TraceFormatError
+from trace_format.routellm_csv import DEFAULT_LARGE, DEFAULT_SMALL, CsvFormatError
 
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 1.0}
 RECORDS: list[dict[str, Any]] = [
@@ -92,7 +93,7 @@ def test_the_tier_must_be_one_of_the_traces_outcome_names(tmp_path: Path) -> Non
 
 
 def test_unreadable_traces_are_refused_naming_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="not CSV"):
+    with pytest.raises(TraceFormatError, match="not found"):
         RecordedBackend(tier(tmp_path / "gsm8k.csv"))
     with pytest.raises(TraceFormatError, match="not found"):
         RecordedBackend(tier(tmp_path / "missing.jsonl"))
@@ -104,3 +105,58 @@ def test_unreadable_traces_are_refused_naming_the_file(tmp_path: Path) -> None:
     empty.write_text("")
     with pytest.raises(ValueError, match="no trace records"):
         RecordedBackend(tier(empty))
+
+
+CSV_ROWS = [  # prompt, small outcome, large outcome, large's recorded answer
+    ("What is 7 * 6?", "False", "True", "7 * 6 = 42, so the answer is 42."),
+    ("Name the capital of France.", "True", "True", ""),
+    ("Leaked benchmark question", "True", "False", "x"),
+]
+
+
+def write_csv(folder: Path) -> Path:
+    """A RouteLLM-style CSV (answers for the large model only) with one contaminated prompt."""
+    lines = [f"prompt,{DEFAULT_SMALL},{DEFAULT_LARGE},{DEFAULT_LARGE}_response"]
+    lines += [",".join(f'"{v}"' for v in row) for row in CSV_ROWS]
+    (folder / "contaminated_prompts.jsonl").write_text(
+        json.dumps({"eval_prompt": CSV_ROWS[2][0]}) + "\n", encoding="utf-8"
+    )
+    path = folder / "gsm8k.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_routellm_csv_replays_with_the_simulators_usage(tmp_path: Path) -> None:
+    trace = write_csv(tmp_path)
+    sim = load_trace([trace], default_completion_tokens=1)
+    assert sim.texts == [CSV_ROWS[0][0], CSV_ROWS[1][0]]  # the contaminated row is dropped
+    for role, name, model in ((SMALL, "small", DEFAULT_SMALL), (LARGE, "large", DEFAULT_LARGE)):
+        backend = RecordedBackend(tier(trace, name=name, model=model))
+        assert asyncio.run(backend.ready()) == (True, "replaying 2 records")
+        for i, text in enumerate(sim.texts):
+            resp = ask(backend, {"messages": [{"role": "user", "content": text}]})
+            expected = (int(sim.prompt_tokens[i]), int(sim.completion_tokens[i, role]))
+            assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == expected, (name, i)
+            content = resp.body["choices"][0]["message"]["content"]
+            assert f"outcome {sim.quality[i, role]:g}" in content and "gsm8k.csv: line" in content
+    # The recorded answer's tokens for the large model; one token where there is no answer.
+    large = RecordedBackend(tier(trace, name="large", model=DEFAULT_LARGE))
+    usage = ask(large, {"prompt": CSV_ROWS[0][0]}).usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        count_tokens(CSV_ROWS[0][0]), count_tokens(CSV_ROWS[0][3])
+    )
+    assert ask(large, {"prompt": CSV_ROWS[1][0]}).usage.completion_tokens == 1
+    with pytest.raises(UpstreamClientError):  # contaminated: not replayed, as not simulated
+        ask(large, {"prompt": CSV_ROWS[2][0]})
+
+
+def test_a_csv_tier_is_named_by_role_or_outcome_column(tmp_path: Path) -> None:
+    trace = write_csv(tmp_path)
+    assert RecordedBackend(tier(trace, name="cheap", model="small")).tier == "cheap"
+    assert RecordedBackend(tier(trace, name=DEFAULT_LARGE, model="m")).tier == DEFAULT_LARGE
+    with pytest.raises(ValueError, match=f"outcome names '{DEFAULT_SMALL}' / '{DEFAULT_LARGE}'"):
+        RecordedBackend(tier(trace, name="mid", model="mid"))
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"prompt,{DEFAULT_SMALL}\nq,1\n", encoding="utf-8")
+    with pytest.raises(CsvFormatError, match=f"bad.csv: line 1: missing column '{DEFAULT_LARGE}'"):
+        RecordedBackend(tier(bad))

@@ -40,13 +40,13 @@ Problem = tuple[str, str]  # (key under `launch.`, message)
 
 
 class SpeculativeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
     """Speculative decoding of a tier's server (vLLM --speculative-config, llama.cpp lookup).
 
     `prompt_lookup` is accepted as another name for vLLM's `ngram` (both draft by matching n-grams
-    of the prompt). Impossible combinations are rejected by `backends.launch.launch_problems`.
+    of the prompt). Impossible combinations are rejected by `launch_problems` below.
     """
+
+    model_config = ConfigDict(extra="forbid")
 
     method: Literal["ngram", "eagle", "eagle3", "draft_model", "prompt_lookup"] = "ngram"
     num_speculative_tokens: int = Field(default=5, ge=1, le=64)
@@ -60,9 +60,9 @@ class SpeculativeConfig(BaseModel):
 
 
 class LaunchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
     """How to start a tier's server (used by `cost-router backends plan|launch`)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     engine: Literal["vllm", "llama_cpp"] = "vllm"
     model: str = Field(

@@ -6,9 +6,12 @@ proxy's decisions and costs must equal the simulator's predictions (tests/simula
 test_fidelity.py). A request is matched to its record by the text the classifier scores
 (trace_format.request_text); a request that is not in the trace is a 400, never a guess.
 
-Reads JSONL traces (a file, or a folder of them) through trace_format/reader.py, the one trace
-reader, and RouteLLM CSV files (`.csv`) through trace_format/routellm_csv.py, the one CSV reader,
-dropping contaminated prompts as the simulator does by default.
+`replay_trace` is a file or a folder, walked as the simulator walks it (trace_format.reader.
+data_files: recursively, rotated traces oldest first, never the feedback or contamination file).
+JSONL traces are read through trace_format/reader.py, the one trace reader, and RouteLLM CSV files
+(`.csv`) through trace_format/routellm_csv.py, the one CSV reader, dropping contaminated prompts
+(listed next to or above the CSV, up to the folder given) as the simulator does by default.
+Parquet traces are for the simulator only: a `.parquet` replay_trace is refused.
 Token counts a record lacks are filled as the simulator fills them (simulations/trace.py): prompt
 tokens counted from the prompt text with backends/tokens.py, completion tokens from the tier's
 recorded answer (a CSV's `<model>_response` column), else 1 (RouteLLM MMLU answers are one
@@ -30,7 +33,7 @@ import orjson
 from backends.base import UpstreamClientError, UpstreamResponse, Usage
 from backends.config import TierConfig
 from backends.tokens import count_tokens
-from trace_format.reader import iter_records, trace_files
+from trace_format.reader import TraceFormatError, data_files, is_csv_file, iter_records
 from trace_format.request_text import request_text
 from trace_format.routellm_csv import DEFAULT_LARGE, DEFAULT_SMALL, iter_rows
 
@@ -48,15 +51,21 @@ class _Recorded:
     usage: Usage
 
 
-def _is_csv(trace: str) -> bool:
-    return trace.endswith(".csv")
-
-
-def _role(tier: TierConfig) -> str:
-    """The outcome role the tier answers as: its model or name is the role, or (CSV) the role's
-    outcome column."""
+def _files(tier: TierConfig) -> list[Path]:
+    """The files `replay_trace` names (the one walker); a Parquet trace is refused by name."""
     assert tier.replay_trace, "kind 'replay' tiers have replay_trace (checked by the config)"
-    csv = _is_csv(tier.replay_trace)
+    if Path(tier.replay_trace).suffix == ".parquet":
+        raise TraceFormatError(
+            f"tier {tier.name!r}: {tier.replay_trace}: Parquet traces are for the simulator "
+            "(`cost-router simulate`); a replay tier reads a JSONL trace, a RouteLLM CSV or a "
+            "folder of them"
+        )
+    return data_files(tier.replay_trace)
+
+
+def _role(tier: TierConfig, csv: bool) -> str:
+    """The outcome role the tier answers as: its model or name is the role, or (when the trace
+    holds CSVs) the role's outcome column."""
     for role in ROLES:
         names = {role, CSV_COLUMNS[role]} if csv else {role}
         if names & {tier.model, tier.name}:
@@ -85,8 +94,10 @@ def _read_jsonl(path: Path, role: str, context_turns: int) -> Iterator[tuple[str
         yield text, _Recorded(where, (record.outcomes or {}).get(role, math.nan), usage)
 
 
-def _read_csv(path: Path, role: str) -> Iterator[tuple[str, _Recorded]]:
-    for row in iter_rows(path, CSV_COLUMNS["small"], CSV_COLUMNS["large"]):
+def _read_csv(path: Path, root: Path, role: str) -> Iterator[tuple[str, _Recorded]]:
+    # `root` (what replay_trace names) bounds the search for contamination files, as the
+    # simulator's loader does (classifiers/dataset.py).
+    for row in iter_rows(path, CSV_COLUMNS["small"], CSV_COLUMNS["large"], root=root):
         if row.contaminated:  # the simulator drops these by default
             continue
         large = role == "large"
@@ -95,13 +106,16 @@ def _read_csv(path: Path, role: str) -> Iterator[tuple[str, _Recorded]]:
         yield row.prompt, _Recorded(row.where, row.large if large else row.small, usage)
 
 
-def _load(tier: TierConfig, role: str, context_turns: int) -> tuple[dict[str, _Recorded], int]:
+def _load(
+    tier: TierConfig, files: list[Path], role: str, context_turns: int
+) -> tuple[dict[str, _Recorded], int]:
     """Records by request text (a duplicated prompt answers as its first record), and the count."""
     assert tier.replay_trace, "kind 'replay' tiers have replay_trace (checked by the config)"
+    root = Path(tier.replay_trace)
     by_text: dict[str, _Recorded] = {}
     count = 0
-    for path in trace_files([tier.replay_trace]):
-        records = (_read_csv(path, role) if _is_csv(str(path))
+    for path in files:
+        records = (_read_csv(path, root, role) if is_csv_file(path)
                    else _read_jsonl(path, role, context_turns))  # fmt: skip
         for text, recorded in records:
             count += 1
@@ -126,7 +140,9 @@ class RecordedBackend:
         self.tier = tier.name
         self.model = tier.model
         self._context_turns = context_turns
-        self._by_text, self._count = _load(tier, _role(tier), context_turns)
+        files = _files(tier)
+        role = _role(tier, any(is_csv_file(f) for f in files))
+        self._by_text, self._count = _load(tier, files, role, context_turns)
 
     def _answer(self, body: dict[str, Any]) -> tuple[str, Usage]:
         text = request_text(body, self._context_turns)

@@ -15,21 +15,22 @@ so that per-request decisions (the `random` policy's draw) are replayed as the p
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from trace_format.reader import TraceFormatError, is_trace_file, iter_lines, validate
-from trace_format.request_text import request_text
-from trace_format.routellm_csv import (
-    CONTAMINATION_FILE,
-    DEFAULT_LARGE,
-    DEFAULT_SMALL,
-    CsvFormatError,
-    iter_rows,
+from trace_format.reader import (
+    TraceFormatError,
+    data_files,
+    is_trace_file,
+    iter_lines,
+    trace_stem,
+    validate,
 )
+from trace_format.request_text import request_text
+from trace_format.routellm_csv import DEFAULT_LARGE, DEFAULT_SMALL, CsvFormatError, iter_rows
 from trace_format.schema import TraceRecord
 
 # Tier names used by our own traces when the caller names none.
@@ -148,7 +149,7 @@ def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, row
             rows.small.append(row.small)
             rows.large.append(row.large)
             rows.benchmark.append(benchmark)
-            rows.source.append(path.stem)
+            rows.source.append(trace_stem(path))
             rows.small_responses.append(row.small_response)
             rows.large_responses.append(row.large_response)
             for extra in (rows.prompt_tokens, rows.completion_tokens, rows.timestamps):
@@ -185,8 +186,8 @@ def _read_trace(
             rows.ids.append(record.id)
             rows.small.append(_outcome(record, small, where, require))
             rows.large.append(_outcome(record, large, where, require))
-            rows.benchmark.append(record.source or path.stem)
-            rows.source.append(record.source or path.stem)
+            rows.benchmark.append(record.source or trace_stem(path))
+            rows.source.append(record.source or trace_stem(path))
             rows.prompt_tokens.append(_num(record.prompt_tokens))
             rows.completion_tokens.append(_num(record.completion_tokens))
             rows.timestamps.append(record.time)
@@ -203,17 +204,6 @@ def _num(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
 
-def _files(path: Path) -> Iterator[Path]:
-    if path.is_dir():
-        # CSVs, and the trace folder layout's files (rotated ones included, feedback excluded).
-        yield from sorted(p for p in path.rglob("*") if p.name != CONTAMINATION_FILE
-                          and (p.suffix == ".csv" or is_trace_file(p)))
-    elif path.is_file():
-        yield path
-    else:
-        raise DatasetError(f"{path}: no such file or folder")
-
-
 def load_dataset(
     paths: str | Path | Iterable[str | Path],
     small: str | None = None,
@@ -225,12 +215,18 @@ def load_dataset(
     """Load CSV files/folders and JSONL traces into one RoutingDataset.
 
     `small`/`large` name the outcome columns (CSV) or `outcomes` keys (traces); defaults are
-    RouteLLM's Mixtral/GPT-4 columns for CSV and `small`/`large` for traces.
+    RouteLLM's Mixtral/GPT-4 columns for CSV and `small`/`large` for traces. A folder is walked
+    by trace_format.reader.data_files (recursively; rotated traces oldest first, so rows are in
+    time order; never the feedback or contamination file).
     """
     roots = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     rows = _Rows()
     for root in roots:
-        for file in _files(root):
+        try:
+            files = data_files(root)  # the one walker: CSVs and traces, in time order
+        except TraceFormatError as exc:
+            raise DatasetError(str(exc)) from None
+        for file in files:
             if is_trace_file(file):
                 _read_trace(
                     file,

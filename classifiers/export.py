@@ -318,7 +318,8 @@ BUILD_LIBRARIES = ("scikit-learn", "scipy", "numpy", "onnx")
 def metadata_for(
     dataset: RoutingDataset, config: TrainConfig, pipeline: Pipeline, data: list[Path]
 ) -> dict[str, Any]:
-    """What `export` writes beside the model about its training: config, data, threshold."""
+    """What `export` writes beside the model about its training: config, data, threshold
+    (`export` itself adds the model's format: class values, context turns, inputs)."""
     rows, labels = training_rows(dataset, config.margin)
     scores = predict_scores(pipeline, frame([dataset.prompts[i] for i in rows]))
     return {
@@ -329,8 +330,6 @@ def metadata_for(
         "train_config": config.as_dict(),
         "label": "expected gain of the large model: classes large worse/tie/better "
         f"(outcome difference beyond margin {config.margin})",
-        "class_values": class_values(pipeline),
-        "context_turns": 2,
         "data": [str(p) for p in data],
         "small_model": dataset.small_name,
         "large_model": dataset.large_name,

@@ -153,7 +153,7 @@ class BudgetGate:
         """Called on each /metrics scrape: one status read per team (configured or served)."""
         if self.gauges is None:
             return
-        for team in sorted(self._seen_teams | set(self.limits.teams)):
+        for team in sorted(self._seen_teams | set(self.limits.team_names)):
             try:
                 statuses = await self.store.status(self.scope(Identity(team)))
             except BudgetUnavailable:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from backends.config import SignalsConfig, StrictModel, TierConfig
 from backends.registry import tier_problems
@@ -32,9 +32,11 @@ from policies.config import (
 )
 from policies.registry import PolicyEnv, validate_policy_params
 
-__all__ = ["ConfigError", "RouterConfig", "config_from_dict", "load_config"]
+__all__ = ["ConfigError", "RouterConfig", "config_from_dict", "load_config", "section_from_env"]
 
 ENV_PREFIX = "COST_ROUTER__"
+
+Section = TypeVar("Section", bound=BaseModel)
 
 
 class TracesConfig(StrictModel):
@@ -128,14 +130,16 @@ class RouterConfig(StrictModel):
         raise KeyError(name)
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
+def _format_validation_error(err: ValidationError, source: str, section: str = "") -> str:
+    """One line per error, each naming its key (under `section` when one section was checked)."""
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        path = [section, *e["loc"]] if section else list(e["loc"])
+        loc = ".".join(str(p) for p in path)
         cause = (e.get("ctx") or {}).get("error")
         if isinstance(cause, ConfigError):
             # A cross-section check (policy params, tier kinds) already names its key.
-            lines.append(f"  {cause}" if not loc else f"  {loc}: {cause}")
+            lines.append(f"  {cause}" if not e["loc"] else f"  {loc}: {cause}")
         else:
             lines.append(f"  {loc or '(top level)'}: {e['msg']}")
     return "\n".join(lines)
@@ -163,6 +167,31 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str] | None 
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
         if path:
             _set_path(data, path, yaml.safe_load(raw) if raw != "" else "")
+
+
+def section_from_env(
+    name: str, model: type[Section], check: Callable[[Section], None] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Section:
+    """One top-level section (e.g. `budgets`) from its defaults and its ``COST_ROUTER__<NAME>__*``
+    overrides alone, for commands run without a config file. Problems raise ConfigError naming
+    the key (``budgets.lease_s: ...``), as `config_from_dict` names them; `check` (raising
+    ConfigError) adds what the whole config would check about this section."""
+    data: dict[str, Any] = {}
+    try:
+        apply_env_overrides(data, environ)
+    except (IndexError, ValueError, TypeError) as exc:
+        raise ConfigError(f"bad environment override: {exc}") from exc
+    source = f"the environment ({ENV_PREFIX}{name.upper()}__*)"
+    try:
+        section = model.model_validate(data.get(name) or {})
+        if check is not None:
+            check(section)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source, name)) from None
+    except ConfigError as exc:
+        raise ConfigError(f"invalid configuration in {source}:\n  {exc}") from None
+    return section
 
 
 def config_from_dict(

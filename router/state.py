@@ -11,10 +11,11 @@ import asyncio
 import logging
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from backends.base import Backend, TierLoad
 from backends.config import TierConfig
+from backends.signal_poller import SignalsPoller
 from policies.keys import KeyRing
 from policies.registry import build_policies
 from policies.selection import PolicySelector
@@ -23,9 +24,6 @@ from router.config import RouterConfig
 from router.feedback import FeedbackService
 from router.metrics import RouterMetrics
 from router.trace_sink import TraceSink
-
-if TYPE_CHECKING:
-    from backends.signal_poller import SignalsPoller
 
 log = logging.getLogger(__name__)
 

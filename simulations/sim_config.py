@@ -1,22 +1,48 @@
 """What the simulator replays with: tier prices, policies, teams and budgets.
 
 The command layer (router/commands/simulate.py) builds a `SimConfig` from a router config's
-sections (`SimConfig.from_sections`); without a config file the simulator uses its defaults: the
-prices of the shared RouteLLM data's README (large $10/$30, small $0.60/$0.60 per million
-tokens) and one `threshold` policy, so `cost-router tune` works on the data out of the box.
+sections (`SimConfig.from_sections`); without a config file the simulator uses its defaults
+(`SIMULATOR_DEFAULTS`): the prices of the shared RouteLLM data's README (large $10/$30, small
+$0.60/$0.60 per million tokens) and one `threshold` policy, so `cost-router tune` works on the data
+out of the box. The defaults are a document shaped like those sections of a router config, so the
+command layer applies the same `COST_ROUTER__*` environment overrides to a copy of it before
+`from_document` validates it.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from backends.config import Price, TierConfig
 from classifiers.config import ClassifierConfig
-from policies.config import BudgetsConfig, PolicyConfig, TeamConfig
-from policies.registry import PolicyEnv, tiers_by_price
+from policies.config import BudgetsConfig, ConfigError, PolicyConfig, TeamConfig
+from policies.registry import PolicyEnv, tiers_by_price, validate_policy_params
 
 DEFAULT_POLICY = "balanced"
+
+# The simulator's defaults, the sections of a router config it reads: tiers (name and price
+# only: nothing is called), policies, default_policy, classifier, teams, budgets. Read-only: use
+# `defaults_document()` for a copy to change.
+SIMULATOR_DEFAULTS: Mapping[str, Any] = {
+    "tiers": [
+        {"name": "small", "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6}},
+        {"name": "large", "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0}},
+    ],
+    "default_policy": DEFAULT_POLICY,
+    "policies": {
+        DEFAULT_POLICY: {"type": "threshold", "small": "small", "large": "large", "threshold": 0.5}
+    },
+    "classifier": {},
+    "teams": {},
+    "budgets": {},
+}
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -64,15 +90,80 @@ class SimConfig:
             draft_length=spec.num_speculative_tokens if spec else None,
         )
 
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any], source: str) -> SimConfig:
+        """A SimConfig from a document shaped like `SIMULATOR_DEFAULTS` (its tiers need only a
+        name and a price); each section is validated by its own model and errors name the key."""
+        tiers = doc.get("tiers") or []
+        if not isinstance(tiers, list) or not tiers:
+            raise ConfigError(f"{source}: tiers: expected a non-empty list of name and price")
+        prices: dict[str, Price] = {}
+        for i, tier in enumerate(tiers):
+            name = tier.get("name") if isinstance(tier, dict) else None
+            if not isinstance(name, str) or not name or name in prices:
+                raise ConfigError(f"{source}: tiers.{i}.name: expected a new tier name, "
+                                  f"got {name!r}")  # fmt: skip
+            prices[name] = _section(Price, tier.get("price"), f"tiers.{i}.price", source)
+        policies = {name: _section(PolicyConfig, p, f"policies.{name}", source)
+                    for name, p in _mapping(doc, "policies", source).items()}  # fmt: skip
+        teams = {name: _section(TeamConfig, t, f"teams.{name}", source)
+                 for name, t in _mapping(doc, "teams", source).items()}  # fmt: skip
+        classifier = _section(ClassifierConfig, doc.get("classifier"), "classifier", source)
+        budgets = _section(BudgetsConfig, doc.get("budgets"), "budgets", source)
+        default_policy = doc.get("default_policy", DEFAULT_POLICY)
+        if not isinstance(default_policy, str):
+            raise ConfigError(f"{source}: default_policy: expected a policy name")
+        if policies and default_policy not in policies:
+            raise ConfigError(f"{source}: default_policy: {default_policy!r} is not in policies")
+        for name, pol in policies.items():
+            for key in ("small", "large", "tier"):
+                ref = (pol.model_extra or {}).get(key)
+                if isinstance(ref, str) and ref not in prices:
+                    raise ConfigError(f"{source}: policies.{name}.{key} names unknown tier {ref!r}")
+        known = set(policies) or {default_policy}
+        for name, team in teams.items():
+            if team.policy and team.policy not in known:
+                raise ConfigError(f"{source}: teams.{name}.policy names unknown policy "
+                                  f"{team.policy!r}")  # fmt: skip
+        try:
+            validate_policy_params(policies)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        return cls(
+            env=PolicyEnv(prices, default_policy, classifier.model_path),
+            policies=policies,
+            teams=teams,
+            budgets=budgets,
+            context_turns=classifier.context_turns,
+        )
+
+
+def _mapping(doc: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:
+    value = doc.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{source}: {key}: expected a mapping")
+    return value
+
+
+def _section(model: type[_Model], value: Any, key: str, source: str) -> _Model:
+    try:
+        return model.model_validate({} if value is None else value)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            lines.append(f"{key}.{loc}: {e['msg']}" if loc else f"{key}: {e['msg']}")
+        raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def defaults_document() -> dict[str, Any]:
+    """A deep copy of `SIMULATOR_DEFAULTS`, for the caller to change (environment overrides)."""
+    return copy.deepcopy(dict(SIMULATOR_DEFAULTS))
+
 
 def default_sim_config() -> SimConfig:
     """The simulator's defaults (a new object each call: callers may not share mutable state)."""
-    prices = {
-        "small": Price(input_per_mtok=0.6, output_per_mtok=0.6),
-        "large": Price(input_per_mtok=10.0, output_per_mtok=30.0),
-    }
-    policy = PolicyConfig(type="threshold", small="small", large="large", threshold=0.5)
-    return SimConfig(env=PolicyEnv(prices, DEFAULT_POLICY), policies={DEFAULT_POLICY: policy})
+    return SimConfig.from_document(defaults_document(), "the simulator's defaults")
 
 
 def describe_prices(prices: Mapping[str, Price]) -> str:

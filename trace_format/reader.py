@@ -1,11 +1,13 @@
-"""The one reader of trace files (JSONL, one TraceRecord per line) with the one version check.
+"""The one reader of trace files (JSONL, one TraceRecord per line) with the one version check,
+and the one walker of data folders (`data_files`: traces and RouteLLM CSVs, in time order).
 
-Training, the policies' reference traces, the simulator, the A/B report and the feedback id index
-all read traces through here, so a schema change is handled in one place.
+Training, the policies' reference traces, the simulator, replay tiers, the A/B report and the
+feedback id index all read traces through here, so a schema change is handled in one place.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import orjson
 from pydantic import ValidationError
 
 from trace_format.feedback import FEEDBACK_FILE
+from trace_format.routellm_csv import CONTAMINATION_FILE
 from trace_format.schema import SUPPORTED_VERSIONS, TraceRecord
 
 REQUIRED_FIELDS = ("schema_version", "id", "time")
@@ -24,11 +27,18 @@ class TraceFormatError(ValueError):
 
 
 def parse_line(raw: bytes, where: str) -> dict[str, Any]:
-    """One trace line as a dict, after the version check (fields are not validated)."""
+    """One trace line as a dict, after the version check (fields are not validated).
+
+    orjson is the fast path; a line it rejects is parsed again as Python's json module writes and
+    reads it (NaN/Infinity, which json.dumps writes for a NaN outcome; invalid UTF-8 replaced).
+    """
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"{where}: not JSON ({exc})") from None
+        try:
+            data = json.loads(raw.decode("utf-8", errors="replace"))
+        except json.JSONDecodeError:
+            raise TraceFormatError(f"{where}: not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise TraceFormatError(f"{where}: expected a JSON object")
     version = data.get("schema_version", 1)
@@ -75,22 +85,61 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, TraceRecord]]:
         yield where, validate(data, where)
 
 
+def _rotation(name: str) -> tuple[str, int] | None:
+    """("requests.jsonl", N) for a rotated "requests.jsonl.N", else None."""
+    base, dot, n = name.rpartition(".")
+    return (base, int(n)) if dot and base.endswith(".jsonl") and n.isdigit() else None
+
+
 def is_trace_file(path: Path) -> bool:
-    """A trace file of a trace folder: `*.jsonl` or a rotated `*.jsonl.N`, not the feedback file."""
+    """The one rule for a trace file: `*.jsonl` or a rotated `*.jsonl.N`, but not the feedback
+    file (trace_format/feedback.py) nor RouteLLM's contamination file (routellm_csv.py)."""
     name = path.name
-    if name == FEEDBACK_FILE:
+    if name in (FEEDBACK_FILE, CONTAMINATION_FILE):
         return False
-    stem, _, n = name.rpartition(".jsonl.")
-    return name.endswith(".jsonl") or (bool(stem) and n.isdigit())
+    return name.endswith(".jsonl") or _rotation(name) is not None
+
+
+def is_csv_file(path: Path) -> bool:
+    """A RouteLLM CSV (trace_format/routellm_csv.py)."""
+    return path.suffix == ".csv"
+
+
+def trace_stem(path: Path) -> str:
+    """A file's name without its extension or rotation number: `requests` for `requests.jsonl`
+    and `requests.jsonl.3`, `gsm8k_responses` for `gsm8k_responses.csv`."""
+    rotated = _rotation(path.name)
+    return Path(rotated[0]).stem if rotated else path.stem
+
+
+def _time_order(path: Path) -> tuple[tuple[str, ...], int]:
+    # Sorted as the paths are, except that a trace's rotated files come oldest first and before
+    # the current file (`.10`, `.2`, `.1`, then the file itself), so rows are in time order.
+    base, n = _rotation(path.name) or (path.name, 0)
+    return (*path.parent.parts, base), -n
+
+
+def data_files(path: str | Path) -> list[Path]:
+    """The files a path names: a file is itself; a folder holds, recursively, its RouteLLM CSVs
+    and trace files (`is_trace_file`), sorted by path with each trace's rotated files oldest
+    first. The one walker of data folders (training, the simulator, replay tiers)."""
+    p = Path(path)
+    if p.is_dir():
+        found = (f for f in p.rglob("*") if f.is_file() and (is_csv_file(f) or is_trace_file(f)))
+        return sorted(found, key=_time_order)
+    if p.is_file():
+        return [p]
+    raise TraceFormatError(f"{p}: not found (no such file or folder)")
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path given, or every trace file in a folder (rotated ones included), sorted."""
+    """Each path given, or the trace files of a trace folder (its own, not its subfolders': the
+    folder's feedback file goes with them), in `data_files` order: rotated files oldest first."""
     files: list[Path] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            files += sorted(f for f in p.iterdir() if f.is_file() and is_trace_file(f))
+            files += [f for f in data_files(p) if f.parent == p and is_trace_file(f)]
         elif p.exists():
             files.append(p)
         else:

@@ -103,7 +103,8 @@ def contamination_files(csv_file: Path, root: Path) -> list[Path]:
 
 def csv_name(path: Path, root: Path) -> str:
     """The name in a row id: relative to the folder given (e.g. "gsm8k/gsm8k_responses.csv"), the
-    file name when the file itself was given, so the same row gets the same id either way."""
+    file name when the file itself was given. Ids are stable across loads of the same path, but
+    a row read through a folder and the same row read as a file get different ids."""
     return path.relative_to(root).as_posix() if root.is_dir() else path.name
 
 

@@ -1,8 +1,8 @@
 """The one place that builds the configured budget store and, next to it, the run-time key store.
 
 Run-time API keys live where the budgets live: in Redis when the budget store is Redis (sharing
-its connection pool), in process otherwise. Adding a store kind is one builder here plus its
-fixture in tests/policies/budgets/test_store_conformance.py (the suite fails without one).
+its connection pool), in process otherwise. Adding a store kind is one builder in STORE_KINDS plus
+its kit in `KITS` of tests/policies/budgets/test_store_conformance.py (the suite fails without one).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-PERIODS = ("daily", "monthly", "total")
+PERIODS = ("daily", "monthly", "total")  # the Redis scripts take their windows in this order
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from policies.budgets.codec import TeamKeys, decode_limit, encode_limit, team_of
 from policies.budgets.journal import Journal
 from policies.budgets.ledger import LedgerEntry, parse_pairs
 from policies.budgets.money import usd_to_nanos
-from policies.budgets.periods import minute_window
+from policies.budgets.periods import PERIODS, minute_window
 from policies.budgets.scopes import BudgetScope, scope_name
 from policies.budgets.store import (
     DONE_TTL_S,
@@ -103,7 +103,7 @@ class RedisBudgetStore(BudgetStore):
         amount = usd_to_nanos(amount_usd)
         scopes = scope.scope_limits()
         args: list[Any] = [request_id, amount, tokens, int(self.lease_s * 1000), f"{to_next:.3f}"]
-        for p in ("daily", "monthly", "total"):
+        for p in PERIODS:  # the scripts take the periods' windows in this order
             reset = wins[p].seconds_to_reset(now)
             args += [wins[p].id, "-1" if reset is None else f"{reset:.3f}"]
         args.append(len(scopes))
@@ -225,7 +225,7 @@ class RedisBudgetStore(BudgetStore):
         wins = self.windows(now)
         k = self.keys(scope.team)
         scopes = scope.scope_limits()
-        args = [wins["daily"].id, wins["monthly"].id, wins["total"].id] + [n for n, _ in scopes]
+        args = [wins[p].id for p in PERIODS] + [n for n, _ in scopes]
         try:
             reply = await self._scripts["status"](
                 keys=[k.spend, k.reserved, k.res, k.lease, k.limits], args=args)
@@ -233,10 +233,10 @@ class RedisBudgetStore(BudgetStore):
             raise BudgetUnavailable("budget store unreachable") from None
         out = []
         for i, (name, configured) in enumerate(scopes):
-            override, sd, sm, st, reserved = (_s(v) for v in reply[5 * i: 5 * i + 5])
+            override, *spent_by_period, reserved = (_s(v) for v in reply[5 * i: 5 * i + 5])
             limit = decode_limit(override) if override else configured
             period = limit.period if limit else "total"
-            spent = {"daily": sd, "monthly": sm, "total": st}[period]
+            spent = dict(zip(PERIODS, spent_by_period, strict=True))[period]
             win = wins[period]
             out.append(ScopeStatus(
                 name, period, win.id,
@@ -259,7 +259,7 @@ class RedisBudgetStore(BudgetStore):
         name = scope_name(key_id)
         wiped = await self._scripts["reset"](
             keys=[k.spend, k.ledger],
-            args=[name, team, key_id or "", wins["daily"].id, wins["monthly"].id, wins["total"].id])
+            args=[name, team, key_id or "", *(wins[p].id for p in PERIODS)])
         return int(_s(wiped))
 
     async def ledger(self, team: str) -> list[LedgerEntry]:

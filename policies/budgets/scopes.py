@@ -43,7 +43,7 @@ class ScopeLimits:
     """The configured limits of every team and key (the `teams` and `keys` sections)."""
 
     def __init__(self, teams: Mapping[str, TeamConfig], keys: Sequence[KeyConfig]) -> None:
-        self.teams = list(teams)
+        self.team_names = list(teams)  # every configured team, limited or not
         self._team_limits = {name: t.budget for name, t in teams.items()}
         self._key_limits = {key_id_of(k.key_sha256): k.budget for k in keys}
         self.limited_teams = frozenset(n for n, b in self._team_limits.items() if b is not None)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import typer
 
 from policies.config import ExperimentConfig
+from policies.spec import tiers_by_price
 from router.commands.common import load_config_or_exit
 from router.config import RouterConfig
 
@@ -37,8 +39,6 @@ def report(
 ) -> None:
     """Per-arm requests, share to large, cost per 1k, latency p50/p95 and feedback with 95% CIs,
     and each arm's difference from the control with a significance test."""
-    import orjson
-
     from simulations.ab_report import ReportError, format_table, report_from_files, to_dict
 
     if out is not None and out.suffix.lower() not in (".png", ".html", ".htm"):
@@ -71,7 +71,6 @@ def _from_config(
     cfg: RouterConfig, experiment: str, path: Path | None
 ) -> tuple[dict[str, float], str]:
     """The experiment's arm weights and the priciest tier, from the router config."""
-    from policies.registry import tiers_by_price
     from simulations.ab_report import ReportError
 
     exp = _experiment(cfg, experiment)

@@ -41,14 +41,14 @@ def _plans(path: Path | None, only: list[str] | None) -> list[LaunchPlan]:
     try:
         plans = plan_tiers(config.tiers)
     except LaunchError as exc:
-        raise fail(f"error: {exc}") from None
+        raise fail(f"{exc}") from None
     if only:
         unknown = sorted(set(only) - {p.tier for p in plans})
         if unknown:
-            raise fail(f"error: no launch profile for tier(s) {unknown}")
+            raise fail(f"no launch profile for tier(s) {unknown}")
         plans = [p for p in plans if p.tier in only]
     if not plans:
-        raise fail(f"error: {path or 'the config'}: no tier has a `launch:` profile")
+        raise fail(f"{path or 'the config'}: no tier has a `launch:` profile")
     return plans
 
 
@@ -108,7 +108,7 @@ def signals(
     cfg = _load(config)
     endpoints = polled_endpoints(cfg.tiers)
     if not endpoints:
-        raise fail("error: no tier has a metrics_url or a launch profile to poll")
+        raise fail("no tier has a metrics_url or a launch profile to poll")
     snap = measure_now(endpoints, interval, cfg.signals.timeout_s)
     for name, s in snap.items():
         values = " ".join(f"{k}={v:.4g}" for k, v in s.numeric().items())

@@ -18,15 +18,15 @@ import orjson
 import typer
 from pydantic import ValidationError
 
-from policies.budgets.factory import build_stores
+from policies.budgets.factory import build_stores, check_store_kind
 from policies.budgets.ledger import spend_from_ledger
 from policies.budgets.money import nanos_to_usd
 from policies.budgets.scopes import ScopeLimits
 from policies.budgets.store import BudgetStore
-from policies.config import AuthConfig, BudgetLimit, BudgetsConfig, KeyConfig
+from policies.config import AuthConfig, BudgetLimit, BudgetsConfig, ConfigError, KeyConfig
 from policies.keys import KeyRing
 from router.commands.common import fail, load_config_or_exit
-from router.config import apply_env_overrides
+from router.config import section_from_env
 
 keys_app = typer.Typer(no_args_is_help=True)
 budget_app = typer.Typer(no_args_is_help=True)
@@ -60,13 +60,11 @@ class _Sections:
 
 def _default_budgets() -> BudgetsConfig:
     """No config file: the default budgets section, with the same COST_ROUTER__BUDGETS__*
-    environment overrides a file would get."""
-    data: dict[str, Any] = {}
+    environment overrides (and store kind check) a file would get; exit 2 naming a bad key."""
     try:
-        apply_env_overrides(data)
-        return BudgetsConfig.model_validate(data.get("budgets") or {})
-    except (ValidationError, ValueError, TypeError, IndexError) as exc:
-        raise fail(f"invalid budgets settings from the environment: {exc}") from None
+        return section_from_env("budgets", BudgetsConfig, check=lambda b: check_store_kind(b.store))
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
 
 
 def _sections(config: Path | None, redis_url: str | None) -> _Sections:
@@ -184,7 +182,7 @@ def keys_list(
 
 
 async def _standing(d: Deployment, team: str | None) -> list[dict[str, Any]]:
-    teams = [team] if team else sorted(set(d.limits.teams) | set(await d.store.teams()))
+    teams = [team] if team else sorted(set(d.limits.team_names) | set(await d.store.teams()))
     out = []
     for name in teams:
         for status in await d.store.status(d.limits.scope(name)):

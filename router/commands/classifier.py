@@ -34,7 +34,7 @@ def _load(
     try:
         return load_dataset(data, small, large, exclude_contaminated=not contaminated)
     except DatasetError as exc:
-        raise fail(f"error: {exc}") from None
+        raise fail(f"{exc}") from None
 
 
 @classifier_app.command("train")
@@ -76,7 +76,7 @@ def train_cmd(
         try:
             pipeline = fit(dataset, config, on_step)
         except ValueError as exc:
-            raise fail(f"error: {exc}") from None
+            raise fail(f"{exc}") from None
         meta = export(pipeline, out, metadata_for(dataset, config, pipeline, data))
         progress.update(task, advance=1, description="done")
     typer.echo(f"wrote {out} ({meta['onnx_bytes']} bytes) and {out.with_suffix('.json')}")
@@ -147,7 +147,7 @@ def _scorer(model: Path | None) -> DifficultyScorer:
     try:
         return DifficultyScorer.load(model)
     except ModelLoadError as exc:
-        raise fail(f"error: {exc}") from None
+        raise fail(f"{exc}") from None
 
 
 def _score_stream(
@@ -160,12 +160,12 @@ def _score_stream(
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise fail(f"error: line {lineno}: not JSON ({exc.msg})") from None
+            raise fail(f"line {lineno}: not JSON ({exc.msg})") from None
         if not isinstance(record, dict) or not (
             isinstance(record.get("prompt"), str) or isinstance(record.get("messages"), list)
         ):
             raise fail(
-                f"error: line {lineno}: expected an object with a 'prompt' string or 'messages'"
+                f"line {lineno}: expected an object with a 'prompt' string or 'messages'"
             )
         record["score"] = scorer.score_request(record, context_turns)
         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -188,7 +188,7 @@ def score_cmd(
         with path.open(encoding="utf-8", errors="replace") as source:
             _score_stream(scorer, source, sys.stdout, context_turns)
     except OSError as exc:
-        raise fail(f"error: {path}: {exc.strerror}") from None
+        raise fail(f"{path}: {exc.strerror}") from None
 
 
 @classifier_app.command("bench")
@@ -206,6 +206,6 @@ def bench_cmd(
     try:
         figures = run_bench(data, model, queries, batch)
     except (OSError, ValueError) as exc:
-        raise fail(f"error: {exc}") from None
+        raise fail(f"{exc}") from None
     for key, value in figures.items():
         typer.echo(f"{key}: {value}")

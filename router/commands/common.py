@@ -14,8 +14,8 @@ EXIT_BAD_INPUT = 2
 
 
 def fail(message: str) -> typer.Exit:
-    """Print `message` to stderr; the Exit to raise for bad input."""
-    typer.echo(message, err=True)
+    """Print `error: <message>` to stderr, one line per problem; the Exit to raise for bad input."""
+    typer.echo(f"error: {message}", err=True)
     return typer.Exit(EXIT_BAD_INPUT)
 
 

@@ -26,8 +26,8 @@ def serve(
     port: int | None = typer.Option(None, help="override server.port"),
 ) -> None:
     """Run the OpenAI-compatible routing proxy (no --config: the embedded llama.cpp demo)."""
-    # Imported here: the server stack (uvicorn, onnxruntime, the demo's llama.cpp launcher) is
-    # only needed by this command, and every other command starts faster without it.
+    # Imported here: the server stack (uvicorn, the FastAPI app, onnxruntime) is only needed by
+    # this command, and every other command starts faster without it.
     from router.demo import run_demo
     from router.server import run_server
 

@@ -1,9 +1,11 @@
 """`cost-router tune|simulate|what-if|synth` (registered by router/cli.py).
 
 The commands load the router config here and hand the simulator only the sections it replays
-(`simulations.sim_config.SimConfig`); the work itself is in simulations/*_report.py. Heavy imports
-(numpy work, onnxruntime, pyarrow, matplotlib) happen inside the commands so the root CLI starts
-fast. Known bad input exits with status 2 and one `error:` line naming the record.
+(`simulations.sim_config.SimConfig`); without --config, the simulator's defaults with the same
+`COST_ROUTER__*` environment overrides as a config file. The work itself is in
+simulations/*_report.py. Heavy imports (numpy work, onnxruntime, pyarrow, matplotlib) happen
+inside the commands so the root CLI starts fast. Known bad input exits with status 2 and one
+`error:` line naming the record.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import TYPE_CHECKING
 import typer
 import yaml
 
-from classifiers.dataset import routellm_data_dir
+from backends.config import SignalsConfig
+from classifiers.dataset import DatasetError, routellm_data_dir
 from policies.config import ConfigError
-from policies.registry import SPECS, parse_params
+from policies.registry import SPECS, parse_params, tiers_by_price
 from router.commands.common import load_config_or_exit
-from router.config import RouterConfig, config_from_dict
-from simulations.sim_config import DEFAULT_POLICY, SimConfig, default_sim_config
+from router.config import RouterConfig, apply_env_overrides, config_from_dict
+from simulations.sim_config import DEFAULT_POLICY, SimConfig, defaults_document
 
 if TYPE_CHECKING:  # heavy modules (tiktoken, the replay) load inside the commands (see above)
     from simulations.trace import ReplayTrace
@@ -46,7 +49,6 @@ CHART = typer.Option(None, "--chart", help="write a chart (.png or .html)")
 @contextmanager
 def _clean_errors() -> Iterator[None]:
     """Expected failures (bad trace, config, target) -> one line on stderr, exit status 2."""
-    from classifiers.dataset import DatasetError
     from classifiers.inference import ModelLoadError
     from simulations.latency import LatencyModelError
     from simulations.replay import ReplayError
@@ -76,10 +78,21 @@ def sim_config_from(cfg: RouterConfig) -> SimConfig:
     )
 
 
+def default_config() -> SimConfig:
+    """The simulator's defaults with the `COST_ROUTER__*` environment overrides applied (to a
+    copy: the module's defaults never change), as they apply to a router config file."""
+    doc = defaults_document()
+    try:
+        apply_env_overrides(doc)
+    except (IndexError, ValueError, TypeError) as exc:
+        raise ConfigError(f"bad environment override: {exc}") from exc
+    return SimConfig.from_document(doc, "the simulator's defaults (with COST_ROUTER__* overrides)")
+
+
 def _configs(path: Path | None) -> tuple[SimConfig, RouterConfig | None]:
     """The simulator's config from the router YAML at `path` (exit 2 if bad), else its defaults."""
     if path is None:
-        return default_sim_config(), None
+        return default_config(), None
     cfg = load_config_or_exit(path)
     return sim_config_from(cfg), cfg
 
@@ -137,8 +150,6 @@ def _measured(
     levers: Levers, sim: SimConfig, cfg: RouterConfig | None, source: str
 ) -> tuple[Levers, list[str]]:
     """Levers with the measured values of `--signals SOURCE`."""
-    from backends.config import SignalsConfig
-    from policies.registry import tiers_by_price
     from simulations.signal_levers import apply_measurements, measured_levers, read_signals
 
     if cfg is not None:

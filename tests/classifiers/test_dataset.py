@@ -130,3 +130,29 @@ def test_trace_errors_name_field_and_line(tmp_path: Path) -> None:
 def test_missing_path(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="no such file"):
         load_dataset(tmp_path / "absent")
+
+
+def test_a_folder_is_walked_in_time_order_without_feedback_or_contamination(
+    tmp_path: Path,
+) -> None:
+    # A trace folder (current file, rotated ones, feedback) with a RouteLLM benchmark beside it.
+    def record(n: int) -> dict:
+        return {"schema_version": 1, "id": f"r{n}", "time": 100.0 - n, "prompt": f"p{n}",
+                "outcomes": {"small": 0, "large": 1}}
+
+    for n, suffix in ((0, ""), (1, ".1"), (2, ".2"), (10, ".10")):
+        _trace(tmp_path / f"requests.jsonl{suffix}", [record(n)])
+    (tmp_path / "feedback.jsonl").write_text('{"request_id": "r0", "score": 1.0, "time": 1}\n')
+    (tmp_path / "gsm8k").mkdir()
+    _csv(tmp_path / "gsm8k" / "q.csv", "prompt,small,large\nkept,0,1\nleaked,1,1\n")
+    (tmp_path / "gsm8k" / "contaminated_prompts.jsonl").write_text('{"eval_prompt": "leaked"}\n')
+    data = load_dataset(tmp_path, small="small", large="large")
+    # Rotated files oldest first, numerically (.10 before .2), the current file last.
+    assert data.ids == ["gsm8k/q.csv:1", "r10", "r2", "r1", "r0"]
+    assert data.timestamps is not None and data.timestamps[1:].tolist() == [90, 98, 99, 100]
+    assert [Path(f).name for f in data.files] == [
+        "q.csv", "requests.jsonl.10", "requests.jsonl.2", "requests.jsonl.1", "requests.jsonl"]
+    assert data.excluded_contaminated == 1 and "leaked" not in data.prompts
+    # A rotated file's rows are named for the trace, not for "requests.jsonl".
+    assert data.source.tolist() == ["q", "requests", "requests", "requests", "requests"]
+    assert data.benchmark.tolist() == ["gsm8k", "requests", "requests", "requests", "requests"]

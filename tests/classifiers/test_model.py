@@ -141,6 +141,55 @@ def test_missing_and_corrupt_model_fail_at_load(tmp_path: Path) -> None:
         DifficultyScorer.load(empty)
 
 
+def _older_graph(path: Path, text_type: int) -> Path:
+    """A tiny classifier graph as exported before the lean one: text inputs as strings ([rows, 1],
+    the former skl2onnx export) or as character ids without the broadcast flag. Its score is
+    P(class 1) = sigmoid(count of "hello" (strings) or of "h" (ids) in the open-side text)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def tfidf(name: str) -> onnx.NodeProto:
+        pool = ({"pool_strings": ["hello"]} if text_type == TensorProto.STRING
+                else {"pool_int64s": [ord("h")]})  # fmt: skip
+        return helper.make_node("TfIdfVectorizer", [name], [f"{name}_tf"], mode="TF",
+                                min_gram_length=1, max_gram_length=1, max_skip_count=0,
+                                ngram_counts=[0], ngram_indexes=[0], **pool)  # fmt: skip
+
+    text_shape = ["rows", 1] if text_type == TensorProto.STRING else ["rows", "chars"]
+    inputs = [helper.make_tensor_value_info(n, text_type, text_shape)
+              for n in ("mc_text", "open_text")]  # fmt: skip
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["rows", 1])
+               for n in NUMERIC_INPUTS]  # fmt: skip
+    weights = np.zeros((2 + len(NUMERIC_INPUTS), 2), dtype=np.float32)
+    weights[1, 1] = 1.0  # the open-side text's count
+    nodes = [
+        tfidf("mc_text"),
+        tfidf("open_text"),
+        helper.make_node("Concat", ["mc_text_tf", "open_text_tf", *NUMERIC_INPUTS], ["x"], axis=1),
+        helper.make_node("MatMul", ["x", "w"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "older", inputs,
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["rows", 2])],
+        [numpy_helper.from_array(weights, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("text_type", [onnx.TensorProto.STRING, onnx.TensorProto.INT64])
+def test_models_of_older_exports_load_and_score(tmp_path: Path, text_type: int) -> None:
+    # MODEL_CARD.md: models with string text inputs (the former skl2onnx export) or with
+    # character ids but no broadcast flag (before the lean graph) still load and score.
+    scorer = DifficultyScorer.load(_older_graph(tmp_path / "older.onnx", text_type))
+    hit, miss, empty = scorer.score_texts(["hello", "bye", ""])
+    assert hit == pytest.approx(1 / (1 + np.exp(-1.0)), abs=1e-6)
+    assert miss == pytest.approx(0.5) and empty == pytest.approx(0.5)
+    assert scorer.score_texts(["A) hello\nB) bye\nWhich one?"])[0] == pytest.approx(0.5)  # mc side
+
+
 def test_bad_metadata_fails_at_load(tmp_path: Path) -> None:
     shipped = Path(__file__).resolve().parents[2] / "classifiers" / "default" / "model.onnx"
     model = tmp_path / "m.onnx"

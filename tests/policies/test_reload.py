@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import signal
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from policies.selection import PolicySelector
 from router.config import RouterConfig, load_config
 from router.reload import ConfigReloader
 from router.state import build_selector
+from tests.support.waiting import wait_for
 
 TIERS = [
     {"name": "small", "base_url": "http://s", "model": "s",
@@ -90,14 +91,15 @@ def test_watcher_and_sighup(env) -> None:
     path, holder, reloader = env
     experiment = {"name": "e", "arms": {"a": {"policy": "main", "weight": 1}}}
 
+    async def until(condition: Callable[[], object], what: str) -> None:
+        # The reloader runs on this loop: wait in a thread so the loop keeps running it.
+        await asyncio.to_thread(wait_for, condition, 10, what)
+
     async def scenario() -> None:
         reloader.start()
         try:
             _write(path, yaml.safe_dump(_doc(0.2, experiments=[experiment])))
-            for _ in range(100):
-                if reloader.reloads:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: reloader.reloads >= 1, "the watcher's reload of the edit")
             assert holder.threshold() == 0.2
             assert holder.selector.select("auto", team="t").experiment == "e"
             # SIGHUP reloads even when the file looks unchanged to the poller.
@@ -106,10 +108,7 @@ def test_watcher_and_sighup(env) -> None:
             # Without our handler SIGHUP would end the test process: check it is installed.
             assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL
             os.kill(os.getpid(), signal.SIGHUP)
-            for _ in range(100):
-                if reloader.reloads == 2:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: reloader.reloads >= 2, "the SIGHUP reload")
             assert reloader.reloads == 2 and holder.selector is not before
         finally:
             await reloader.stop()
@@ -172,25 +171,15 @@ def test_sighup_reloads_real_server(tmp_path: Path) -> None:
                     "model": "auto", "messages": [{"role": "user", "content": "hi"}]})
                 return r.headers["x-router-tier"]
 
-            def hup_until(want: str) -> str:
-                proc.send_signal(signal.SIGHUP)
-                got = ""
-                for _ in range(50):
-                    got = tier_now()
-                    if got == want:
-                        break
-                    time.sleep(0.1)
-                return got
-
             assert tier_now() == "small"
             cfg.write_text(doc("large", url))
-            assert hup_until("large") == "large"
+            proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: tier_now() == "large", 10, "the SIGHUP reload to route to large",
+                     poll_s=0.1)
             cfg.write_text("policies: [broken")
             proc.send_signal(signal.SIGHUP)
-            for _ in range(50):
-                if "rejected" in (tmp_path / "proxy.log").read_text():
-                    break
-                time.sleep(0.1)
+            wait_for(lambda: "rejected" in (tmp_path / "proxy.log").read_text(), 10,
+                     "the SIGHUP reload to reject the broken file")
             assert tier_now() == "large"
             assert "keeping the running config" in (tmp_path / "proxy.log").read_text()
         finally:

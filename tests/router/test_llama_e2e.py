@@ -129,9 +129,9 @@ def test_bad_inputs_map_to_openai_errors(client: OpenAI, proxy: ProxyThread) -> 
 def test_client_disconnect_cancels_llama_generation(
     llama_small: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The proxy's upstream connection to llama.cpp closes when its client hangs up (seen by a
-    relay between them), so llama.cpp stops the ~1500-token generation and serves the next
-    request (it serves one at a time: a generation left running would hold it)."""
+    """When its client hangs up, the proxy closes its upstream connection to llama.cpp (seen by a
+    relay between them, not inferred from timings): that is what tells llama.cpp's server to
+    stop the ~1500-token generation. Afterwards the server still answers."""
     upstream = urlsplit(llama_small)
     assert upstream.hostname and upstream.port
     with TcpRelay(upstream.hostname, upstream.port) as relay:

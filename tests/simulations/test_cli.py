@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from router.cli import app
+from router.commands.simulate import default_config
 from router.config import load_config
 from simulations.replay import trace_scores
-from simulations.sim_config import default_sim_config
+from simulations.sim_config import SIMULATOR_DEFAULTS, default_sim_config
 from simulations.trace_loader import load_trace
 from tests.support.sim import GSM8K, balanced, router_config_dict, write_jsonl_trace
 
@@ -59,16 +61,43 @@ def test_tune_write_keeps_environment_overrides_out_of_the_file(
     assert load_config(cfg).server.port == 9999  # the override still applies when loading
 
 
-def test_default_sim_config_is_not_touched_by_environment_overrides(
+def _simulate_summary(tmp_path: Path, *args: str) -> dict:
+    out_json = tmp_path / "s.json"
+    code, out = _run("simulate", "--traces", str(GSM8K), "--json", str(out_json), *args)
+    assert code == 0, out
+    return json.loads(out_json.read_text())["summary"]
+
+
+def test_environment_overrides_apply_to_the_simulators_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without --config, COST_ROUTER__* overrides apply to the defaults as to a config file.
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=0.9)))
+    at_09 = _simulate_summary(tmp_path, "--config", str(cfg))
+    default = _simulate_summary(tmp_path)
+    assert at_09["share"] != default["share"]  # 0.9 routes this trace differently from 0.5
+    monkeypatch.setenv("COST_ROUTER__POLICIES__BALANCED__THRESHOLD", "0.9")
+    monkeypatch.setenv("COST_ROUTER__SERVER__PORT", "9999")  # a section the simulator ignores
+    assert _simulate_summary(tmp_path) == at_09
+    monkeypatch.setenv("COST_ROUTER__POLICIES__BALANCED__THRESHOLD", "high")
+    code, out = _run("simulate", "--traces", str(GSM8K))
+    assert code == 2 and "policies.balanced.threshold" in out
+
+
+def test_the_module_defaults_are_unchanged_by_environment_overrides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    before = default_sim_config()
+    before = copy.deepcopy(dict(SIMULATOR_DEFAULTS))
     monkeypatch.setenv("COST_ROUTER__POLICIES__BALANCED__THRESHOLD", "0.9")
-    monkeypatch.setenv("COST_ROUTER__SERVER__PORT", "9999")
-    code, out = _run("simulate", "--traces", str(GSM8K))
-    assert code == 0, out
-    assert default_sim_config() == before
-    assert (before.policies["balanced"].model_extra or {})["threshold"] == 0.5
+    monkeypatch.setenv("COST_ROUTER__TIERS__1__PRICE__INPUT_PER_MTOK", "99")
+    overridden = default_config()
+    assert (overridden.policies["balanced"].model_extra or {})["threshold"] == 0.9
+    assert overridden.prices["large"].input_per_mtok == 99
+    assert before == SIMULATOR_DEFAULTS
+    shipped = default_sim_config()  # never reads the environment
+    assert (shipped.policies["balanced"].model_extra or {})["threshold"] == 0.5
+    assert shipped.prices["large"].input_per_mtok == 10.0
 
 
 def test_tune_and_write_a_load_shedding_policy(tmp_path: Path) -> None:

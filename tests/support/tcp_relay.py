@@ -11,18 +11,16 @@ import socket
 import threading
 from types import TracebackType
 
-from tests.support.ports import free_port
-
 
 class TcpRelay:
     """Listens on a free loopback port and forwards each connection to (host, port)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
-        self.port = free_port()
         self.closed_by_client = 0  # connections the client side closed before the server did
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener = socket.create_server(("127.0.0.1", 0))  # the OS picks a free port
+        self.port = int(self._listener.getsockname()[1])
         self._stopping = False
         self._thread = threading.Thread(target=self._accept, daemon=True)
 

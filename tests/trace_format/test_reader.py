@@ -9,8 +9,17 @@ import orjson
 import pytest
 
 from trace_format.feedback import FEEDBACK_FILE, feedback_line, feedback_path_for, load_feedback
-from trace_format.reader import TraceFormatError, iter_lines, iter_records, trace_files
+from trace_format.reader import (
+    TraceFormatError,
+    data_files,
+    iter_lines,
+    iter_records,
+    parse_line,
+    trace_files,
+    trace_stem,
+)
 from trace_format.request_text import request_text, upstream_text
+from trace_format.routellm_csv import CONTAMINATION_FILE
 from trace_format.schema import SCHEMA_VERSION
 
 
@@ -53,14 +62,45 @@ def test_contains_prefilter_skips_lines_unparsed(tmp_path: Path) -> None:
     assert [d["experiment"] for _, d in iter_lines(path, contains=b'"a"')] == ["a"]
 
 
-def test_trace_folder_holds_current_and_rotated_files_not_feedback(tmp_path: Path) -> None:
-    for name in ("requests.jsonl", "requests.jsonl.1", "requests.jsonl.2", FEEDBACK_FILE,
-                 "notes.txt"):
+def test_python_json_lines_load_nan_and_invalid_utf8(tmp_path: Path) -> None:
+    # json.dumps writes NaN for a NaN outcome; orjson rejects it, as it does invalid UTF-8.
+    line = b'{"schema_version": 1, "id": "r\xff", "time": 1.0, "outcomes": {"small": NaN}}'
+    data = parse_line(line, "t.jsonl: line 1")
+    assert data["id"] == "r\ufffd" and data["outcomes"]["small"] != data["outcomes"]["small"]
+    path = _write(tmp_path / "t.jsonl", line, b'{"schema_version": 1, "id": "x", "time": Infinity}')
+    assert [r.time for _, r in iter_records(path)][1] == float("inf")
+    with pytest.raises(TraceFormatError, match="line 1: not JSON"):
+        parse_line(b"{NaN: 1}", "line 1")
+
+
+def test_trace_folder_holds_current_and_rotated_files_oldest_first_not_feedback(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "sub").mkdir()
+    for name in ("requests.jsonl", "requests.jsonl.1", "requests.jsonl.2", "requests.jsonl.10",
+                 FEEDBACK_FILE, CONTAMINATION_FILE, "notes.txt", "sub/other.jsonl"):
         (tmp_path / name).write_text("")
     names = [p.name for p in trace_files([tmp_path])]
-    assert names == ["requests.jsonl", "requests.jsonl.1", "requests.jsonl.2"]
+    # Oldest first (numeric: .10 is older than .2); the folder's own files, not sub/'s.
+    assert names == ["requests.jsonl.10", "requests.jsonl.2", "requests.jsonl.1", "requests.jsonl"]
     with pytest.raises(TraceFormatError, match="not found"):
         trace_files([tmp_path / "missing.jsonl"])
+
+
+def test_data_files_walks_a_folder_in_time_order(tmp_path: Path) -> None:
+    for name in ("a/requests.jsonl", "a/requests.jsonl.1", "a/requests.jsonl.10",
+                 "a/requests.jsonl.2", f"a/{FEEDBACK_FILE}", f"b/{CONTAMINATION_FILE}",
+                 "b/responses/q.csv", "b/notes.txt", "b/data.parquet", "a.csv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    got = [p.relative_to(tmp_path).as_posix() for p in data_files(tmp_path)]
+    assert got == ["a/requests.jsonl.10", "a/requests.jsonl.2", "a/requests.jsonl.1",
+                   "a/requests.jsonl", "a.csv", "b/responses/q.csv"]  # by path parts, as Path sorts
+    assert data_files(tmp_path / "b" / "notes.txt") == [tmp_path / "b" / "notes.txt"]  # as given
+    with pytest.raises(TraceFormatError, match="not found"):
+        data_files(tmp_path / "absent")
+    assert [trace_stem(Path(n)) for n in ("requests.jsonl", "requests.jsonl.3", "q.csv")] == [
+        "requests", "requests", "q"]
 
 
 def test_missing_trace_file_is_a_format_error(tmp_path: Path) -> None:

@@ -146,6 +146,26 @@ def test_cli_bad_config_or_arguments_exit_2(tmp_path: Any) -> None:
     assert result.exit_code == EXIT_BAD_INPUT and "--limit-usd" in result.output
 
 
+@pytest.mark.parametrize(("env", "line"), [
+    ({"COST_ROUTER__BUDGETS__STORE": "rediss"},
+     "budgets.store: unknown budget store 'rediss' (known: ['memory', 'redis'])"),
+    ({"COST_ROUTER__BUDGETS__LEASE_S": "0"}, "budgets.lease_s: Input should be greater than 0"),
+    ({"COST_ROUTER__BUDGETS__FAIL_MODE": "maybe"},
+     "budgets.fail_mode: Input should be 'closed' or 'open'"),
+    ({"COST_ROUTER__BUDGETS__NOPE": "1"}, "budgets.nope: Extra inputs are not permitted"),
+])
+def test_cli_without_a_config_file_names_a_bad_environment_key(
+    env: dict[str, str], line: str,
+) -> None:
+    """As a bad config file does: exit 2, one line per problem naming its key, no pydantic dump
+    (and a store kind that does not exist is said to be so, not to be a store kept in-process)."""
+    for args in (["budget", "show"], ["keys", "list", "--redis-url", REDIS_URL]):
+        result = CliRunner().invoke(cli_app, args, env={"COST_ROUTER_CONFIG": None, **env})
+        assert result.exit_code == EXIT_BAD_INPUT, result.output
+        assert "COST_ROUTER__BUDGETS__*" in result.output and f"\n  {line}\n" in result.output
+        assert "pydantic" not in result.output and "inside the proxy" not in result.output
+
+
 def test_cli_without_a_config_file_uses_the_environment(prefix: str) -> None:
     env = {"COST_ROUTER_CONFIG": None, "COST_ROUTER__BUDGETS__KEY_PREFIX": prefix}
     runner = CliRunner()

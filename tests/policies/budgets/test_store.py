@@ -21,6 +21,7 @@ from policies.budgets.store import DONE_TTL_S, BudgetUnavailable
 from policies.config import BudgetLimit, BudgetsConfig
 from tests.support.budgets import REDIS_URL, ManualClock, delete_prefix, random_prefix
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
 
 def run(coro: Any) -> Any:
@@ -116,6 +117,49 @@ def test_a_started_redis_store_keeps_its_leases_while_a_dead_replica_loses_them(
         run(main())
     finally:
         delete_prefix(prefix)
+
+
+def test_a_started_memory_store_renews_its_holds_until_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """start() runs the renewer (every lease_s / 3 of real time); leases are measured by the
+    store's clock, so the test moves that clock a whole lease at a time and waits for the
+    renewer's next renewal, read from a spy on renew(), not for a fixed time."""
+    clock = ManualClock()
+    store = InMemoryBudgetStore(0.3, clock=clock)
+    renewals: list[tuple[float, int]] = []  # (store time, holds renewed), one per renew()
+    real_renew = store.renew
+
+    async def spy() -> int:
+        renewed = await real_renew()
+        renewals.append((clock(), renewed))
+        return renewed
+
+    monkeypatch.setattr(store, "renew", spy)
+
+    async def next_renewal() -> tuple[float, int]:
+        seen = len(renewals)
+        await asyncio.to_thread(wait_for, lambda: len(renewals) > seen, 10,
+                                "the background renewer's next renew()")
+        return renewals[-1]
+
+    async def main() -> None:
+        await store.start()
+        reserved_at = clock()
+        await store.reserve(team(1.0), "long-stream", 0.5, 1)
+        for _ in range(3):  # three whole leases pass on the store's clock...
+            clock.advance(0.3)
+            assert await next_renewal() == (clock(), 1)  # ...each followed by a renewal
+        assert clock() > reserved_at + 2 * 0.3  # long past the lease it was reserved with
+        assert (await store.status(team(1.0)))[0].reserved_nanos == usd_to_nanos(0.5)
+
+        await store.aclose()
+        # No renewer is left to run: nothing extends the hold again, and its lease runs out.
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        clock.advance(0.3)
+        assert (await store.status(team(1.0)))[0].reserved_nanos == 0
+
+    run(main())
 
 
 def test_the_in_process_store_remembers_settled_ids_as_long_as_redis_does() -> None:

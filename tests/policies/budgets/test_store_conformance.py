@@ -274,20 +274,47 @@ def test_release_frees_the_hold_and_its_tokens(kit: StoreKit) -> None:
     run(main())
 
 
-def test_expired_leases_are_reclaimed(kit: StoreKit) -> None:
+async def _holds_of_a_dead_replica(kit: StoreKit) -> tuple[BudgetStore, BudgetStore]:
+    """A replica that reserves 0.9 of alpha's 1.0 and then dies (its leases run out unrenewed),
+    and the store that serves the next request: another replica where the kind is shared."""
+    dead = kit.make(lease_s=0.2)
+    scope = team(1.0)
+    await dead.reserve(scope, "lost-1", 0.6, 10)
+    await dead.reserve(scope, "lost-2", 0.3, 10)
+    with pytest.raises(BudgetExceeded):
+        await dead.reserve(scope, "r3", 0.5, 10)
+    kit.elapse(0.25)
+    return dead, kit.make(lease_s=0.2) if kit.shared else dead
+
+
+async def _close(dead: BudgetStore, next_store: BudgetStore) -> None:
+    await dead.aclose()
+    if next_store is not dead:
+        await next_store.aclose()
+
+
+def test_a_reserve_reclaims_expired_leases_itself(kit: StoreKit) -> None:
+    """No sweep has run: the next reserve frees the expired holds before it checks the limit."""
+
     async def main() -> None:
-        dead = kit.make(lease_s=0.2)  # a replica that reserves and then dies
-        scope = team(1.0)
-        await dead.reserve(scope, "lost-1", 0.6, 10)
-        await dead.reserve(scope, "lost-2", 0.3, 10)
-        with pytest.raises(BudgetExceeded):
-            await dead.reserve(scope, "r3", 0.5, 10)
-        kit.elapse(0.25)
-        assert await dead.sweep() == 2  # the sweeper finds them without any new request
-        await dead.reserve(scope, "r3", 0.9, 10)
-        st = (await dead.status(scope))[0]
+        dead, next_store = await _holds_of_a_dead_replica(kit)
+        await next_store.reserve(team(1.0), "r3", 0.9, 10)  # fits only if both were freed
+        assert await next_store.sweep() == 0  # the reserve left the sweeper nothing to free
+        st = (await next_store.status(team(1.0)))[0]
         assert st.reserved_nanos == usd_to_nanos(0.9) and st.spent_nanos == 0
-        await dead.aclose()
+        await _close(dead, next_store)
+
+    run(main())
+
+
+def test_the_sweeper_reclaims_expired_leases_without_any_request(kit: StoreKit) -> None:
+    async def main() -> None:
+        dead, next_store = await _holds_of_a_dead_replica(kit)
+        assert await next_store.sweep() == 2
+        assert await next_store.sweep() == 0  # freed once, not again
+        st = (await next_store.status(team(1.0)))[0]
+        assert st.reserved_nanos == 0 and st.spent_nanos == 0
+        await _close(dead, next_store)
 
     run(main())
 

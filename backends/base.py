@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from backends.config import TierConfig
 
@@ -68,9 +68,7 @@ class Backend(Protocol):
 
 
 class BackendClass(Protocol):
-    """What backends/registry.py needs of a backend kind: the tier keys it cannot do without and
-    a constructor from the tier's config."""
-
-    required_keys: ClassVar[tuple[str, ...]]
+    """What backends/registry.py needs of a backend kind's class: a constructor from the tier's
+    config."""
 
     def __call__(self, tier: TierConfig) -> Backend: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import orjson
@@ -35,8 +35,6 @@ def _as_dict(obj: Any) -> dict[str, Any]:
 
 
 class LiteLLMBackend:
-    required_keys: ClassVar[tuple[str, ...]] = ()
-
     def __init__(self, tier: TierConfig) -> None:
         self.tier = tier.name
         self.model = tier.model

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any
 
 import aiohttp
 import httpx
@@ -81,8 +81,6 @@ def _describe(exc: BaseException) -> str:
 
 
 class OpenAIHTTPBackend:
-    required_keys: ClassVar[tuple[str, ...]] = ("base_url",)
-
     def __init__(self, tier: TierConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         assert tier.base_url, "kind 'openai' tiers have a base_url (checked by the config)"
         self.tier = tier.name

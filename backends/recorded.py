@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
 
@@ -134,8 +134,6 @@ def _usage_json(usage: Usage) -> dict[str, int]:
 
 
 class RecordedBackend:
-    required_keys: ClassVar[tuple[str, ...]] = ("replay_trace",)
-
     def __init__(self, tier: TierConfig, context_turns: int = 2) -> None:
         self.tier = tier.name
         self.model = tier.model

@@ -1,34 +1,50 @@
 """Backend kinds: the one list of them. A tier's `kind` must name one; adding a kind is a new module
-plus one line in `BACKENDS`, and the config accepts it from then on."""
+plus one line in `BACKENDS`, and the config accepts it from then on.
+
+An entry names its class by module and name, with the tier keys the kind cannot do without: the
+config (and so every command, `config check` and `--help` included) validates kinds without
+importing httpx, aiohttp and every backend; a class is imported when a tier of its kind is built.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from backends.base import Backend, BackendClass
 from backends.config import TierConfig
-from backends.litellm_backend import LiteLLMBackend
-from backends.openai_http import OpenAIHTTPBackend
-from backends.recorded import RecordedBackend
 
-BACKENDS: dict[str, BackendClass] = {
-    "openai": OpenAIHTTPBackend,
-    "litellm": LiteLLMBackend,
-    "replay": RecordedBackend,
+
+@dataclass(frozen=True, slots=True)
+class BackendKind:
+    module: str  # e.g. "backends.openai_http"
+    cls: str  # the class in it: takes the TierConfig
+    required_keys: tuple[str, ...] = ()  # TierConfig keys this kind needs set
+
+    def load(self) -> BackendClass:
+        backend_class: BackendClass = getattr(importlib.import_module(self.module), self.cls)
+        return backend_class
+
+
+BACKENDS: dict[str, BackendKind] = {
+    "openai": BackendKind("backends.openai_http", "OpenAIHTTPBackend", ("base_url",)),
+    "litellm": BackendKind("backends.litellm_backend", "LiteLLMBackend"),
+    "replay": BackendKind("backends.recorded", "RecordedBackend", ("replay_trace",)),
 }
 
 
 def tier_problems(tier: TierConfig) -> list[tuple[str, str]]:
     """(key, message) for each way `tier` does not fit its kind; [] when it does."""
-    cls = BACKENDS.get(tier.kind)
-    if cls is None:
+    kind = BACKENDS.get(tier.kind)
+    if kind is None:
         return [("kind", f"unknown backend kind {tier.kind!r} (known: {sorted(BACKENDS)})")]
     return [(key, f"{key} is required for kind {tier.kind!r}")
-            for key in cls.required_keys if not getattr(tier, key)]
+            for key in kind.required_keys if not getattr(tier, key)]
 
 
 def build_backend(tier: TierConfig) -> Backend:
-    return BACKENDS[tier.kind](tier)
+    return BACKENDS[tier.kind].load()(tier)
 
 
 def build_backends(tiers: Iterable[TierConfig]) -> dict[str, Backend]:

@@ -12,13 +12,10 @@ from types import FrameType
 import typer
 
 from backends.launch import LaunchError, LaunchPlan, plan_tiers
-from backends.processes import ServerGroup, engine_available
 from backends.signal_endpoints import polled_endpoints
-from backends.signal_poller import measure_now
 from backends.signal_snapshots import save_snapshot
 from router.commands.common import fail, load_config_or_exit
 from router.config import RouterConfig
-from router.demo import demo_config
 
 backends_app = typer.Typer(no_args_is_help=True)
 
@@ -32,6 +29,10 @@ DEMO_PORTS = (8101, 8102)
 
 def _load(path: Path | None) -> RouterConfig:
     if path is None:
+        # Imported here, like the process and polling modules below: they bring httpx, which
+        # only these commands need (this module is imported for every `cost-router` command).
+        from router.demo import demo_config
+
         return demo_config(*DEMO_PORTS, host="127.0.0.1", port=8080)
     return load_config_or_exit(path)
 
@@ -77,6 +78,8 @@ def launch(
     """Start each tier's server where its engine is installed, wait until all answer
     GET /v1/models, then keep them running until Ctrl-C / SIGTERM (which stops them all)."""
     plans = _plans(config, tier)
+    from backends.processes import ServerGroup, engine_available
+
     missing = [(p.tier, why) for p in plans for ok, why in [engine_available(p.engine)] if not ok]
     if missing:
         for name, why in missing:
@@ -105,6 +108,8 @@ def signals(
     save: Path | None = typer.Option(None, help="write the snapshot as JSON (for simulate)"),
 ) -> None:
     """Poll every tier's /metrics twice and print load, acceptance rate and latency per tier."""
+    from backends.signal_poller import measure_now
+
     cfg = _load(config)
     endpoints = polled_endpoints(cfg.tiers)
     if not endpoints:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,7 +147,7 @@ def test_every_kind_has_a_fixture() -> None:
 
 def test_registry_builds_the_kinds_class(kind: KindFixture) -> None:
     backend = _run(kind.tier, lambda b: asyncio.sleep(0, b))
-    assert type(backend) is BACKENDS[kind.tier.kind]
+    assert type(backend) is BACKENDS[kind.tier.kind].load()
     assert backend.tier == kind.tier.name
 
 
@@ -237,11 +239,21 @@ def test_unknown_kind_is_rejected_naming_the_key() -> None:
     assert all(k in message for k in BACKENDS)  # the error lists the kinds there are
 
 
-REQUIRED = [(kind, key) for kind, cls in sorted(BACKENDS.items()) for key in cls.required_keys]
+REQUIRED = [(name, key) for name, kind in sorted(BACKENDS.items()) for key in kind.required_keys]
 
 
 def test_kinds_name_their_required_keys() -> None:
     assert ("openai", "base_url") in REQUIRED and ("replay", "replay_trace") in REQUIRED
+
+
+def test_validating_a_config_imports_no_backend_class() -> None:
+    """`config check`, `--help` and every other command validate tier kinds from the registry's
+    entries alone: httpx, aiohttp and the backend modules load only when a tier is built."""
+    code = ("import sys, router.config; "
+            "print(sorted(m for m in ('httpx', 'aiohttp', 'backends.openai_http', "
+            "'backends.litellm_backend', 'backends.recorded') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(("kind_name", "key"), REQUIRED)

@@ -9,14 +9,14 @@ test_policy_conformance.py runs its checks on every one (it fails until the type
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from policies import budget_pacing, fixed, random_split, threshold, tiers
 from policies.base import Policy
-from policies.config import ConfigError, PolicyConfig
+from policies.config import ConfigError, ExperimentConfig, KeyConfig, PolicyConfig, TeamConfig
 from policies.spec import (
     Builder,
     PolicyEnv,
@@ -60,6 +60,45 @@ def parse_params(name: str, policy: PolicyConfig) -> PolicyParams:
 def validate_policy_params(policies: Mapping[str, PolicyConfig]) -> None:
     for name, policy in policies.items():
         parse_params(name, policy)
+
+
+def check_routing(
+    policies: Mapping[str, PolicyConfig],
+    default_policy: str,
+    tiers: Collection[str],
+    teams: Mapping[str, TeamConfig] | None = None,
+    keys: Sequence[KeyConfig] = (),
+    experiments: Sequence[ExperimentConfig] = (),
+) -> None:
+    """Every reference between the routing sections resolves and every policy's params are valid
+    (no file is read); ConfigError names the key. The router's config and the simulator's both
+    check with this."""
+    if policies and default_policy not in policies:
+        raise ConfigError(f"default_policy: {default_policy!r} is not in policies")
+    # With no policies configured, the default policy is built in (default_policy below).
+    known = set(policies) or {default_policy}
+    for name, team in (teams or {}).items():
+        if team.policy and team.policy not in known:
+            raise ConfigError(f"teams.{name}.policy names unknown policy {team.policy!r}")
+    for i, key in enumerate(keys):
+        if key.policy and key.policy not in known:
+            raise ConfigError(f"keys[{i}].policy names unknown policy {key.policy!r}")
+    names = [e.name for e in experiments]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"experiments: duplicate experiment names: {dupes}")
+    for i, exp in enumerate(experiments):
+        for arm, spec in exp.arms.items():
+            if spec.policy not in known:
+                raise ConfigError(
+                    f"experiments[{i}].arms.{arm}.policy names unknown policy {spec.policy!r}"
+                )
+    for name, pol in policies.items():
+        for field in ("small", "large", "tier"):
+            ref = (pol.model_extra or {}).get(field)
+            if isinstance(ref, str) and ref not in tiers:
+                raise ConfigError(f"policies.{name}.{field} names unknown tier {ref!r}")
+    validate_policy_params(policies)
 
 
 def default_policy(env: PolicyEnv) -> Policy:

@@ -30,7 +30,7 @@ from policies.config import (
     PolicyConfig,
     TeamConfig,
 )
-from policies.registry import PolicyEnv, validate_policy_params
+from policies.registry import PolicyEnv, check_routing
 
 __all__ = ["ConfigError", "RouterConfig", "config_from_dict", "load_config", "section_from_env"]
 
@@ -88,33 +88,8 @@ class RouterConfig(StrictModel):
         if problems:
             raise ConfigError("; ".join(problems))
         check_store_kind(self.budgets.store)
-        tiers = {t.name for t in self.tiers}
-        if self.policies and self.default_policy not in self.policies:
-            raise ConfigError(f"default_policy: {self.default_policy!r} is not in policies")
-        # With no policies configured, the default policy is built in (policies/registry.py).
-        known = set(self.policies) or {self.default_policy}
-        for name, team in self.teams.items():
-            if team.policy and team.policy not in known:
-                raise ConfigError(f"teams.{name}.policy names unknown policy {team.policy!r}")
-        for i, key in enumerate(self.keys):
-            if key.policy and key.policy not in known:
-                raise ConfigError(f"keys[{i}].policy names unknown policy {key.policy!r}")
-        names = [e.name for e in self.experiments]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ConfigError(f"experiments: duplicate experiment names: {dupes}")
-        for i, exp in enumerate(self.experiments):
-            for arm, spec in exp.arms.items():
-                if spec.policy not in known:
-                    raise ConfigError(
-                        f"experiments[{i}].arms.{arm}.policy names unknown policy {spec.policy!r}"
-                    )
-        for name, pol in self.policies.items():
-            for field in ("small", "large", "tier"):
-                ref = (pol.model_extra or {}).get(field)
-                if isinstance(ref, str) and ref not in tiers:
-                    raise ConfigError(f"policies.{name}.{field} names unknown tier {ref!r}")
-        validate_policy_params(self.policies)  # params only: no file is read here
+        check_routing(self.policies, self.default_policy, {t.name for t in self.tiers},
+                      self.teams, self.keys, self.experiments)
         return self
 
     def policy_env(self) -> PolicyEnv:

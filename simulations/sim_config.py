@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from backends.config import Price, TierConfig
 from classifiers.config import ClassifierConfig
 from policies.config import BudgetsConfig, ConfigError, PolicyConfig, TeamConfig
-from policies.registry import PolicyEnv, tiers_by_price, validate_policy_params
+from policies.registry import PolicyEnv, check_routing, tiers_by_price
 
 DEFAULT_POLICY = "balanced"
 
@@ -113,20 +113,8 @@ class SimConfig:
         default_policy = doc.get("default_policy", DEFAULT_POLICY)
         if not isinstance(default_policy, str):
             raise ConfigError(f"{source}: default_policy: expected a policy name")
-        if policies and default_policy not in policies:
-            raise ConfigError(f"{source}: default_policy: {default_policy!r} is not in policies")
-        for name, pol in policies.items():
-            for key in ("small", "large", "tier"):
-                ref = (pol.model_extra or {}).get(key)
-                if isinstance(ref, str) and ref not in prices:
-                    raise ConfigError(f"{source}: policies.{name}.{key} names unknown tier {ref!r}")
-        known = set(policies) or {default_policy}
-        for name, team in teams.items():
-            if team.policy and team.policy not in known:
-                raise ConfigError(f"{source}: teams.{name}.policy names unknown policy "
-                                  f"{team.policy!r}")  # fmt: skip
         try:
-            validate_policy_params(policies)
+            check_routing(policies, default_policy, prices, teams)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
         return cls(

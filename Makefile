@@ -6,10 +6,24 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench redis venv
 
+# llama-cpp-python compiles llama.cpp from source. Its default build targets the build machine's
+# own CPU (GGML_NATIVE), and on VMs whose CPU flags list AMX/AVX-512 that the hypervisor does not
+# allow, the server dies with SIGILL on its first completion. So we build one portable (AVX2) wheel
+# into a cache outside the checkout and install from it; pip's own wheel cache would otherwise
+# hand back a native build.
+LLAMA_VERSION := 0.3.36
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF
+WHEELS ?= $(HOME)/.cache/cost-router/wheels
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,demo]'
+	ls $(WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/pip wheel -q --no-deps --no-cache-dir -w $(WHEELS) \
+	    'llama-cpp-python==$(LLAMA_VERSION)'
+	$(BIN)/pip install -q --find-links $(WHEELS) 'llama-cpp-python[server]==$(LLAMA_VERSION)' \
+	  -e '.[dev,demo]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -12,26 +12,38 @@ from backends.config import TierConfig
 class UpstreamError(Exception):
     """The upstream could not be reached, timed out, or answered 5xx: the tier may fall back."""
 
-    def __init__(self, tier: str, message: str, status: int | None = None) -> None:
+    def __init__(
+        self, tier: str, message: str, status: int | None = None, public: str | None = None
+    ) -> None:
         super().__init__(f"{tier}: {message}")
         self.tier = tier
         self.status = status
+        # What a client may read: a fixed phrase, never the upstream's body, an exception's text
+        # or an address (the message, with those, goes to the log and the trace).
+        self.public = public or (f"answered {status}" if status is not None else "failed")
 
 
 class UpstreamClientError(Exception):
-    """The upstream rejected the request (4xx): returned to the client as is, never retried."""
+    """The upstream rejected the request (4xx), never retried. The client gets the status and a
+    generic error; `body` (the upstream's own, maybe with internals) is for the log only.
+    `public` is a message the backend itself wrote and vouches for (an in-process backend such
+    as replay): the client sees it instead of the generic one."""
 
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
+    def __init__(self, status: int, body: dict[str, Any], public: str | None = None) -> None:
         super().__init__(f"upstream {status}")
         self.status = status
         self.body = body
+        self.public = public
 
 
 @dataclass(slots=True)
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    reported: bool = False  # False: counted by us because the upstream sent none
+    reported: bool = False  # False: counted by us because the upstream sent none (or bad usage)
+    # Why the upstream's usage was not trusted (backends/usage.py FAULTS, or the router's bound
+    # checks); the counts are then our own.
+    fault: str | None = None
 
 
 @dataclass(slots=True)

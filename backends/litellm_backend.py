@@ -7,8 +7,10 @@ string (``anthropic/claude-...``, ``bedrock/...``, ``openai/<name>`` with ``base
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator
+from functools import lru_cache
 from typing import Any
 
 import httpx
@@ -16,17 +18,31 @@ import orjson
 
 from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse
 from backends.config import TierConfig
-from backends.openai_http import counted_usage, usage_from
+from backends.openai_http import CREDENTIAL_STATUSES, answer_usage
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-# Statuses that say "this tier cannot serve now", so another tier may: fall back on them.
-FALLBACK_STATUSES = frozenset({408, 429})
+# Statuses that say "this tier cannot serve now", so another tier may: fall back on them. The
+# credential ones are the provider refusing the router's key, never the client's fault.
+FALLBACK_STATUSES = frozenset({408, 429}) | CREDENTIAL_STATUSES
 
 
+# litellm's loggers: each gets its own stderr handler and also propagates to the root, so every
+# INFO line of every request printed twice. Only warnings pass, once, in the proxy's log format.
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
+
+@lru_cache(maxsize=1)
 def _litellm() -> Any:
     import litellm  # lazy: a second or more to import, and only litellm tiers need it
 
+    if "LITELLM_LOG" not in os.environ:  # someone asked for litellm's own logging: keep it
+        for name in LITELLM_LOGGERS:
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.WARNING)
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+        litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banner per error
     return litellm
 
 
@@ -54,11 +70,14 @@ class LiteLLMBackend:
     def _translate(self, exc: Exception) -> Exception:
         status = getattr(exc, "status_code", None)
         if isinstance(status, int) and 400 <= status < 500 and status not in FALLBACK_STATUSES:
+            # Kept for the log; the client gets the status and a generic message.
             message = str(getattr(exc, "message", exc))
             return UpstreamClientError(
                 status, {"error": {"message": message, "type": "upstream_error"}}
             )
-        return UpstreamError(self.tier, f"{type(exc).__name__}: {exc}", status)
+        # The provider's text can name hosts and accounts: the log's, never the client's.
+        return UpstreamError(self.tier, f"{type(exc).__name__}: {exc}",
+                             status if isinstance(status, int) else None)
 
     async def _call(self, endpoint: str, body: dict[str, Any]) -> Any:
         litellm = _litellm()
@@ -70,7 +89,7 @@ class LiteLLMBackend:
 
     async def complete(self, endpoint: str, body: dict[str, Any]) -> UpstreamResponse:
         answer = _as_dict(await self._call(endpoint, body))
-        return UpstreamResponse(answer, usage_from(answer) or counted_usage(body, answer))
+        return UpstreamResponse(answer, answer_usage(body, answer))
 
     async def stream(self, endpoint: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
         chunks = await self._call(endpoint, body)

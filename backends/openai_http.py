@@ -3,8 +3,9 @@
 One pooled ``httpx.AsyncClient`` per tier, created once, on aiohttp's transport; completions go
 straight to that transport (see ``_post``). Only failures to connect are retried (a request the
 upstream may already be running is never sent twice); read timeouts and 5xx become
-``UpstreamError`` (the tier may fall back) and 4xx become ``UpstreamClientError`` (returned to
-the client as is).
+``UpstreamError`` (the tier may fall back) and 4xx become ``UpstreamClientError`` (its status
+goes back to the client; the upstream's body only to the log). Each error's ``public`` phrase is
+all a client reads of it: upstream bodies, exception texts and addresses stay in the log.
 """
 
 from __future__ import annotations
@@ -21,30 +22,14 @@ from httpx_aiohttp import AiohttpTransport
 
 from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, Usage
 from backends.config import TierConfig
-from backends.tokens import count_prompt_tokens, count_tokens
+from backends.json_limits import MAX_JSON_DEPTH, deeper_than
+from backends.usage import answer_usage, read_usage
 
 
 def usage_from(body: dict[str, Any]) -> Usage | None:
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
-        return None
-    return Usage(prompt, completion, reported=True)
-
-
-def counted_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
-    """Our own count for an upstream that reported none (charged budgets need a number)."""
-    texts: list[str] = []
-    for choice in answer.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else choice.get("text")
-        if isinstance(text, str):
-            texts.append(text)
-    return Usage(count_prompt_tokens(request), count_tokens("".join(texts)), reported=False)
+    """The answer's reported usage when it is well-formed, else None."""
+    usage = read_usage(body.get("usage"))
+    return usage if usage is not None and usage.fault is None else None
 
 
 def _error_body(resp: httpx.Response, raw: bytes) -> dict[str, Any]:
@@ -59,6 +44,8 @@ def _error_body(resp: httpx.Response, raw: bytes) -> dict[str, Any]:
 
 
 ENDPOINTS = ("chat/completions", "completions")
+# An upstream answering these refused our credentials, not the request: the tier may fall back.
+CREDENTIAL_STATUSES = frozenset({401, 403, 407})
 
 
 def _connect_failed(exc: BaseException) -> bool:
@@ -67,17 +54,22 @@ def _connect_failed(exc: BaseException) -> bool:
     return isinstance(exc, httpx.ConnectError) or isinstance(cause, aiohttp.ClientConnectorError)
 
 
-def _describe(exc: BaseException) -> str:
+def _kind(exc: BaseException) -> str:
+    """The failure's class in words: what a client may read."""
     cause = exc.__cause__ or exc
     if isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
-        kind = "unreachable"
-    elif isinstance(cause, asyncio.TimeoutError | aiohttp.ServerTimeoutError) or isinstance(
+        return "unreachable"
+    if isinstance(cause, asyncio.TimeoutError | aiohttp.ServerTimeoutError) or isinstance(
         exc, httpx.TimeoutException
     ):
-        kind = "timed out"
-    else:
-        kind = "connection failed"
-    return f"{kind}: {type(cause).__name__}: {cause}"
+        return "timed out"
+    return "connection failed"
+
+
+def _transport_error(tier: str, exc: BaseException) -> UpstreamError:
+    cause = exc.__cause__ or exc
+    kind = _kind(exc)
+    return UpstreamError(tier, f"{kind}: {type(cause).__name__}: {cause}", public=kind)
 
 
 class OpenAIHTTPBackend:
@@ -114,7 +106,7 @@ class OpenAIHTTPBackend:
                 return await self._post(request)
             except httpx.HTTPError as exc:
                 if attempt == self.retries or not _connect_failed(exc):
-                    raise UpstreamError(self.tier, _describe(exc)) from exc
+                    raise _transport_error(self.tier, exc) from exc
                 await asyncio.sleep(0.05 * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -138,21 +130,33 @@ class OpenAIHTTPBackend:
         try:
             raw = await resp.aread()
         except httpx.HTTPError as exc:
-            raise UpstreamError(self.tier, _describe(exc)) from exc
+            raise _transport_error(self.tier, exc) from exc
         finally:
             await resp.aclose()
         self._check_status(resp, raw)
         try:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise UpstreamError(self.tier, "answered with invalid JSON", resp.status_code) from exc
+            raise UpstreamError(self.tier, "answered with invalid JSON", resp.status_code,
+                                public="answered with invalid JSON") from exc
         if not isinstance(answer, dict):
-            raise UpstreamError(self.tier, "answered with a non-object JSON body", resp.status_code)
-        usage = usage_from(answer) or counted_usage(body, answer)
+            raise UpstreamError(self.tier, "answered with a non-object JSON body", resp.status_code,
+                                public="answered with a non-object JSON body")
+        if deeper_than(answer):  # it could not be re-serialised for the client
+            raise UpstreamError(self.tier, f"answered JSON nested deeper than {MAX_JSON_DEPTH} "
+                                "levels", resp.status_code, public="answered with invalid JSON")
+        usage = usage_from(answer)
+        if usage is None:  # our own count of a large answer takes long: off the event loop
+            usage = await asyncio.to_thread(answer_usage, body, answer)
         return UpstreamResponse(answer, usage)
 
     def _check_status(self, resp: httpx.Response, raw: bytes) -> None:
         if resp.status_code >= 500:
+            message = f"answered {resp.status_code}: {raw[:200].decode('utf-8', 'replace')}"
+            raise UpstreamError(self.tier, message, resp.status_code)
+        if resp.status_code in CREDENTIAL_STATUSES:
+            # The upstream refused the router's own key: the tier is misconfigured, not the
+            # request bad, and the client's key is not the one that failed.
             message = f"answered {resp.status_code}: {raw[:200].decode('utf-8', 'replace')}"
             raise UpstreamError(self.tier, message, resp.status_code)
         if resp.status_code >= 400:
@@ -173,7 +177,7 @@ class OpenAIHTTPBackend:
             async for chunk in chunks:
                 yield chunk
         except httpx.HTTPError as exc:
-            raise UpstreamError(self.tier, _describe(exc)) from exc
+            raise _transport_error(self.tier, exc) from exc
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:

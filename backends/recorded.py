@@ -156,6 +156,7 @@ class RecordedBackend:
                         "code": "replay_miss",
                     }
                 },
+                public=message,
             )
         return f"[replay {self.tier}: {rec.where}, outcome {rec.outcome:g}]", rec.usage
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import socket
 import subprocess
@@ -215,15 +216,26 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": orjson.dumps(payload)})
 
 
-def serve(behaviour: EchoBehaviour, host: str, port: int) -> None:
+def serve(app: Callable[[Scope, Receive, Send], Awaitable[None]], host: str, port: int) -> None:
+    """Serve an ASGI app (an EchoApp or the fault upstream's subclass) on host:port."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        # One line instead of a traceback; exit 2 like any command given an unusable argument.
+        sock.close()
+        taken = exc.errno == errno.EADDRINUSE
+        why = "is already in use" if taken else f"cannot be listened on: {exc.strerror or exc}"
+        print(f"error: port {port} on {host} {why}: choose another with --port N "
+              "(0 = any free port)", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
+    sock.listen(4096)  # before the line is printed: a client may connect as soon as it reads it
     print(f"listening on http://{host}:{sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(
-        EchoApp(behaviour), loop="uvloop", http="httptools", log_level="warning",
+        app, loop="uvloop", http="httptools", log_level="warning",
         access_log=False, backlog=4096, timeout_keep_alive=60,
     )
     uvicorn.Server(config).run(sockets=[sock])
@@ -233,9 +245,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def running_echo_upstream(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
-    """Start the echo server in a subprocess on a free port; yield its base URL (with /v1)."""
-    cmd = [sys.executable, "-m", "benchmarks.echo_upstream", "--port", "0", *args]
+def running_echo_upstream(*args: str, timeout_s: float = 20.0,
+                          module: str = "benchmarks.echo_upstream") -> Iterator[str]:
+    """Start the echo server (or `module`, another server with the same command line and
+    "listening on" line) in a subprocess on a free port; yield its base URL (with /v1)."""
+    cmd = [sys.executable, "-m", module, "--port", "0", *args]
     # Run from the checkout: benchmarks/ is not part of the installed package.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ),
                             cwd=REPO_ROOT)
@@ -259,8 +273,8 @@ def running_echo_upstream(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
             proc.wait()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_echo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The echo server's command line (the fault upstream adds its own options to it)."""
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
     parser.add_argument("--delay-ms", type=float, default=0.0)
@@ -269,12 +283,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fail-status", type=int, default=0)
     parser.add_argument("--no-usage", action="store_true", help="never send usage in streams")
     parser.add_argument("--model", default="echo")
-    a = parser.parse_args(argv)
-    behaviour = EchoBehaviour(
+
+
+def behaviour_from(a: argparse.Namespace) -> EchoBehaviour:
+    return EchoBehaviour(
         delay_ms=a.delay_ms, chunk_delay_ms=a.chunk_delay_ms, chunks=a.chunks,
         fail_status=a.fail_status, usage=not a.no_usage, model=a.model,
     )
-    serve(behaviour, a.host, a.port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_echo_arguments(parser)
+    a = parser.parse_args(argv)
+    serve(EchoApp(behaviour_from(a)), a.host, a.port)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,14 @@ module adds benchmarks, sources and the columns training needs. Our traces
 (trace_format/schema.py, docs/traces.md; read through the one trace reader,
 trace_format/reader.py) carry outcomes in `outcomes` = {tier or model: score}.
 
+A trace folder written by the proxy carries its outcomes beside the traces: the judges' label file
+(trace_format/labels.py, `labels.jsonl`) and users' feedback (trace_format/feedback.py,
+`feedback.jsonl`). The loader merges them into each trace record by request id, the one place
+that does (training, `tune` and `simulate` all read through here): a record's own `outcomes`,
+then feedback as the outcome of the tier that answered (`tier`), then labels, later ones
+overriding earlier ones per tier. With `labelled_only`, requests left without both outcomes (or
+without text: content logging was off) are left out and counted, as a live folder has many.
+
 Every row keeps a request id (`ids`): a trace record's `id`, or "<CSV path>:<row>" for a CSV row,
 so that per-request decisions (the `random` policy's draw) are replayed as the proxy made them.
 """
@@ -21,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trace_format.feedback import feedback_path_for, load_feedback
+from trace_format.labels import labels_path_for, merged_outcomes
 from trace_format.reader import (
     TraceFormatError,
     data_files,
@@ -40,12 +50,11 @@ DATA_ENV = "COST_ROUTER_DATA"
 
 
 def routellm_data_dir() -> Path:
-    """Where the shared RouteLLM outcome data lives: $COST_ROUTER_DATA, else ../shared beside the
-    checkout (how the development and CI machines lay it out), else /work/shared."""
+    """Where the shared RouteLLM outcome data lives: $COST_ROUTER_DATA, else the `shared` folder
+    beside the checkout (how the development and CI machines lay it out)."""
     if env := os.environ.get(DATA_ENV):
         return Path(env)
-    beside = Path(__file__).resolve().parents[2] / "shared" / "data" / "routellm"
-    return beside if beside.is_dir() else Path("/work/shared/data/routellm")
+    return Path(__file__).resolve().parents[2] / "shared" / "data" / "routellm"
 
 
 class DatasetError(ValueError):
@@ -75,6 +84,15 @@ class RoutingDataset:
     large_responses: list[str] | None = None
     excluded_contaminated: int = 0
     files: list[str] = field(default_factory=list)
+    # With load_dataset(labelled_only=True): requests left out for want of both outcomes, and
+    # labelled ones left out for want of text (the trace logged no prompt).
+    unlabelled: int = 0
+    without_text: int = 0
+    # Why the first unlabelled request was left out ("<file>: line N: missing field ..."), for the
+    # error when none is left.
+    first_unlabelled: str | None = None
+    # Rows whose outcomes came (at least partly) from a label or feedback file beside the traces.
+    from_labels: int = 0
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -126,6 +144,42 @@ class _Rows:
     large_responses: list[str | None] = field(default_factory=list)
     excluded: int = 0
     files: list[str] = field(default_factory=list)
+    unlabelled: int = 0
+    without_text: int = 0
+    first_unlabelled: str | None = None
+    from_labels: int = 0
+    # Per folder: outcomes by request id from the label and feedback files there (see _Beside).
+    beside: dict[Path, _Beside] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Beside:
+    """What a trace folder holds beside its traces: judges' outcomes and users' feedback."""
+
+    labels: dict[str, dict[str, float]]
+    feedback: dict[str, float]
+
+    @classmethod
+    def of(cls, trace: Path, rows: _Rows) -> _Beside:
+        folder = trace.parent
+        if folder not in rows.beside:
+            rows.beside[folder] = cls(
+                merged_outcomes(labels_path_for(trace)), load_feedback(feedback_path_for(trace))
+            )
+        return rows.beside[folder]
+
+    def outcomes(self, record: TraceRecord) -> tuple[dict[str, float] | None, bool]:
+        """The record's outcomes merged with this folder's (module docstring), and whether the
+        label or feedback file gave any."""
+        score = self.feedback.get(record.id)
+        labelled = self.labels.get(record.id)
+        if labelled is None and (score is None or record.tier is None):
+            return record.outcomes, False
+        merged = dict(record.outcomes or {})
+        if score is not None and record.tier is not None:
+            merged[record.tier] = score
+        merged.update(labelled or {})
+        return merged, True
 
 
 def _benchmark_of(csv_file: Path, root: Path) -> str:
@@ -161,31 +215,55 @@ def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, row
     rows.files.append(str(path))
 
 
-def _outcome(record: TraceRecord, name: str, where: str, required: bool) -> float:
-    if record.outcomes is None or name not in record.outcomes:
+def _outcome(
+    outcomes: dict[str, float] | None, name: str, where: str, required: bool
+) -> float:
+    if outcomes is None or name not in outcomes:
         if required:
-            have = ", ".join(sorted(record.outcomes or {})) or "none"
+            have = ", ".join(sorted(outcomes or {})) or "none"
             raise DatasetError(f"{where}: missing field 'outcomes.{name}' (outcomes: {have})")
         return float("nan")
-    return float(record.outcomes[name])
+    return float(outcomes[name])
 
 
 def _read_trace(
-    path: Path, small: str, large: str, require: bool, context_turns: int, rows: _Rows
+    path: Path,
+    small: str,
+    large: str,
+    require: bool,
+    context_turns: int,
+    rows: _Rows,
+    labelled_only: bool = False,
 ) -> None:
+    beside = _Beside.of(path, rows)
     try:
         for where, data in iter_lines(path):
             record = validate(data, where)
-            if record.prompt is None and record.messages is None and require:
-                raise DatasetError(f"{where}: missing field 'prompt' (or 'messages')")
+            outcomes, from_labels = beside.outcomes(record)
+            if labelled_only and not (outcomes and small in outcomes and large in outcomes):
+                if rows.first_unlabelled is None:
+                    missing = small if small not in (outcomes or {}) else large
+                    have = ", ".join(sorted(outcomes or {})) or "none"
+                    rows.first_unlabelled = (
+                        f"{where}: missing field 'outcomes.{missing}' (outcomes: {have})"
+                    )
+                rows.unlabelled += 1
+                continue
+            if record.prompt is None and record.messages is None:
+                if labelled_only:
+                    rows.without_text += 1
+                    continue
+                if require:
+                    raise DatasetError(f"{where}: missing field 'prompt' (or 'messages')")
             prompt = record.prompt
             if prompt is None:
                 # Live traces may omit content (it is logged only when configured).
                 prompt = request_text({"messages": record.messages or []}, context_turns)
             rows.prompts.append(prompt)
             rows.ids.append(record.id)
-            rows.small.append(_outcome(record, small, where, require))
-            rows.large.append(_outcome(record, large, where, require))
+            rows.small.append(_outcome(outcomes, small, where, require))
+            rows.large.append(_outcome(outcomes, large, where, require))
+            rows.from_labels += from_labels
             rows.benchmark.append(record.source or trace_stem(path))
             rows.source.append(record.source or trace_stem(path))
             rows.prompt_tokens.append(_num(record.prompt_tokens))
@@ -211,13 +289,17 @@ def load_dataset(
     exclude_contaminated: bool = True,
     require_outcomes: bool = True,
     context_turns: int = 2,
+    labelled_only: bool = False,
 ) -> RoutingDataset:
     """Load CSV files/folders and JSONL traces into one RoutingDataset.
 
     `small`/`large` name the outcome columns (CSV) or `outcomes` keys (traces); defaults are
     RouteLLM's Mixtral/GPT-4 columns for CSV and `small`/`large` for traces. A folder is walked
     by trace_format.reader.data_files (recursively; rotated traces oldest first, so rows are in
-    time order; never the feedback or contamination file).
+    time order; never the feedback, label, shadow or contamination file). Each trace's labels
+    and feedback (the files beside it) are merged in by request id (module docstring); with
+    `labelled_only`, requests without both outcomes or without text are left out (counted in
+    `unlabelled`, `without_text`) instead of failing `require_outcomes`.
     """
     roots = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     rows = _Rows()
@@ -235,6 +317,7 @@ def load_dataset(
                     require_outcomes,
                     context_turns,
                     rows,
+                    labelled_only,
                 )
             else:
                 _read_csv(
@@ -271,4 +354,52 @@ def _to_dataset(rows: _Rows, small: str | None, large: str | None) -> RoutingDat
         large_responses=[r or "" for r in rows.large_responses] if has_large else None,
         excluded_contaminated=rows.excluded,
         files=rows.files,
+        unlabelled=rows.unlabelled,
+        without_text=rows.without_text,
+        first_unlabelled=rows.first_unlabelled,
+        from_labels=rows.from_labels,
+    )
+
+
+def concat(first: RoutingDataset, second: RoutingDataset) -> RoutingDataset:
+    """`first`'s rows then `second`'s, in one dataset (outcome names: `first`'s).
+
+    For training on two kinds of data at once (a team's labelled traffic and the shipped
+    training data), which name their outcome columns differently: each is loaded with its own
+    names, then joined. Optional columns missing on one side are NaN (or "" for answers) there.
+    """
+
+    def column(a: np.ndarray | None, b: np.ndarray | None, na: object) -> np.ndarray | None:
+        if a is None and b is None:
+            return None
+        dtype = object if na is None else np.float64
+        left = a if a is not None else np.full(len(first), na, dtype=dtype)
+        right = b if b is not None else np.full(len(second), na, dtype=dtype)
+        return np.concatenate([left, right])
+
+    def texts(a: list[str] | None, b: list[str] | None) -> list[str] | None:
+        if a is None and b is None:
+            return None
+        return (a or [""] * len(first)) + (b or [""] * len(second))
+
+    return replace(
+        first,
+        prompts=first.prompts + second.prompts,
+        ids=first.ids + second.ids,
+        small=np.concatenate([first.small, second.small]),
+        large=np.concatenate([first.large, second.large]),
+        benchmark=np.concatenate([first.benchmark, second.benchmark]),
+        source=np.concatenate([first.source, second.source]),
+        prompt_tokens=column(first.prompt_tokens, second.prompt_tokens, float("nan")),
+        completion_tokens=column(first.completion_tokens, second.completion_tokens, float("nan")),
+        timestamps=column(first.timestamps, second.timestamps, float("nan")),
+        teams=column(first.teams, second.teams, None),
+        small_responses=texts(first.small_responses, second.small_responses),
+        large_responses=texts(first.large_responses, second.large_responses),
+        excluded_contaminated=first.excluded_contaminated + second.excluded_contaminated,
+        files=first.files + second.files,
+        unlabelled=first.unlabelled + second.unlabelled,
+        without_text=first.without_text + second.without_text,
+        first_unlabelled=first.first_unlabelled or second.first_unlabelled,
+        from_labels=first.from_labels + second.from_labels,
     )

@@ -330,7 +330,8 @@ def metadata_for(
         "train_config": config.as_dict(),
         "label": "expected gain of the large model: classes large worse/tie/better "
         f"(outcome difference beyond margin {config.margin})",
-        "data": [str(p) for p in data],
+        # Folder names only: a card must not carry a path of the machine it was built on.
+        "data": [Path(p).name for p in data],
         "small_model": dataset.small_name,
         "large_model": dataset.large_name,
         "rows": int(len(rows)),

@@ -23,6 +23,7 @@ as it behaves on unseen prompts. In 5-fold CV it raised MMLU APGR from 0.671 to 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -88,12 +89,34 @@ def frame(prompts: list[str]) -> pd.DataFrame:
     return pd.DataFrame(model_inputs(prompts))
 
 
-def _vectorizers(config: TrainConfig, vocab: dict[str, list[str]] | None) -> list[tuple]:
+def present_blocks(data: pd.DataFrame, config: TrainConfig) -> frozenset[str]:
+    """The text blocks (`mc_word`, `open_char`, ...) the data can fit: a vectorizer over a side
+    with no usable text (open-ended traffic has no multiple-choice prompts, GSM8K alone neither)
+    would stop scikit-learn with "empty vocabulary"; such a block is left out of the model."""
+    words = re.compile(WORD_PATTERN)
+    shortest = config.char_ngrams[0]
+    out = set()
+    for side in ("mc", "open"):
+        texts = data[f"{side}_text"]
+        if any(words.search(t) for t in texts):
+            out.add(f"{side}_word")
+        if any(len(t) >= shortest for t in texts):
+            out.add(f"{side}_char")
+    return frozenset(out)
+
+
+def _vectorizers(
+    config: TrainConfig,
+    vocab: dict[str, list[str]] | None,
+    present: frozenset[str] | None = None,
+) -> list[tuple]:
     out = []
     for side in ("mc", "open"):
         for kind in ("word", "char"):
             name = f"{side}_{kind}"
             if kind == "char" and side not in config.char_sides:
+                continue
+            if present is not None and name not in present:
                 continue
             chosen = vocab.get(name) if vocab else None
             if vocab is not None and not chosen:
@@ -111,8 +134,14 @@ def _vectorizers(config: TrainConfig, vocab: dict[str, list[str]] | None) -> lis
     return out
 
 
-def build_pipeline(config: TrainConfig, vocab: dict[str, list[str]] | None = None) -> Pipeline:
-    vectorizers = _vectorizers(config, vocab)
+def build_pipeline(
+    config: TrainConfig,
+    vocab: dict[str, list[str]] | None = None,
+    present: frozenset[str] | None = None,
+) -> Pipeline:
+    """The untrained pipeline; `present` (present_blocks) limits the text blocks to those the
+    training data has text for (None: all)."""
+    vectorizers = _vectorizers(config, vocab, present)
     weights = {name: config.open_weight for name, _v, col in vectorizers if col == "open_text"}
     blocks = [*vectorizers, ("num", StandardScaler(), list(NUMERIC_INPUTS))]
     if config.prior_weight > 0:
@@ -214,18 +243,24 @@ def fit_frame(
     labels: np.ndarray,
     config: TrainConfig,
     sources: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> Pipeline:
     """Two-stage fit on prepared inputs; deterministic for a given config.
 
     With `sources` (where each row came from) naming 2+ sources and config.prior_weight > 0, the
-    final model also gets the source prior (SourcePrior) as an input.
+    final model also gets the source prior (SourcePrior) as an input. `weights` (one per row,
+    > 0) weigh rows in the logistic regressions (e.g. a team's own traffic against the shipped
+    training data); None weighs every row 1. The source prior's own fit is unweighted: it
+    predicts where a prompt comes from, which the weights do not change.
     """
     if len(np.unique(labels)) < 2:
         raise ValueError("training data needs prompts where the two models' outcomes differ")
-    first = build_pipeline(config).fit(data, labels)
+    present = present_blocks(data, config)
+    fit_params = {} if weights is None else {"model__sample_weight": weights}
+    first = build_pipeline(config, present=present).fit(data, labels, **fit_params)
     final = build_pipeline(config, _strongest(first, config))
     if sources is None or config.prior_weight <= 0 or len(np.unique(sources)) < 2:
-        return final.fit(data, labels)
+        return final.fit(data, labels, **fit_params)
     features: ColumnTransformer = final.named_steps["features"]
     x = features.fit_transform(data)
     # build_pipeline put the prior's blocks first: they are the columns [0, stop).
@@ -237,20 +272,25 @@ def fit_frame(
         0, stop, config.prior_C, config.prior_weight, config.prior_folds, config.seed
     )
     column = prior.fit_sources(x, np.asarray(sources).astype(str), labels.astype(np.float64))
-    model = final.named_steps["model"].fit(_append(x, column), labels)
+    model = final.named_steps["model"].fit(_append(x, column), labels, sample_weight=weights)
     return Pipeline([("features", features), ("prior", prior), ("model", model)])
 
 
 def fit(
-    dataset: RoutingDataset, config: TrainConfig, progress: Progress | None = None
+    dataset: RoutingDataset,
+    config: TrainConfig,
+    progress: Progress | None = None,
+    weights: np.ndarray | None = None,
 ) -> Pipeline:
-    """Fit on every labelled row of `dataset`."""
+    """Fit on every labelled row of `dataset` (`weights`: one per dataset row, or None)."""
     step = progress or (lambda _msg: None)
     rows, labels = training_rows(dataset, config.margin)
     step("features")
     data = frame([dataset.prompts[i] for i in rows])
     step("fit")
-    pipeline = fit_frame(data, labels, config, dataset.source[rows])
+    pipeline = fit_frame(
+        data, labels, config, dataset.source[rows], None if weights is None else weights[rows]
+    )
     step("done")
     return pipeline
 
@@ -265,6 +305,19 @@ def predict_scores(pipeline: Pipeline, data: pd.DataFrame) -> np.ndarray:
     return pipeline.predict_proba(data) @ np.asarray(class_values(pipeline))
 
 
+def fold_splits(strata: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Seeded (train, test) index pairs over len(strata) rows, stratified by `strata` when every
+    stratum has at least `folds` rows (else plain shuffled folds: small or lopsided data)."""
+    if folds < 2 or len(strata) < folds:
+        raise ValueError(f"{len(strata)} distinct prompts cannot be split into {folds} folds")
+    strata = np.asarray(strata).astype(str)
+    _names, counts = np.unique(strata, return_counts=True)
+    if counts.min() >= folds:
+        splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
+        return list(splitter.split(strata, strata))
+    return list(KFold(folds, shuffle=True, random_state=seed).split(strata))
+
+
 def cross_val_scores(
     dataset: RoutingDataset,
     config: TrainConfig,
@@ -276,14 +329,67 @@ def cross_val_scores(
     data = frame([dataset.prompts[i] for i in rows])
     sources = dataset.source[rows]
     strata = dataset.benchmark[rows].astype(str)
-    splitter = StratifiedKFold(folds, shuffle=True, random_state=config.seed)
     scores = np.zeros(len(rows))
-    for k, (train, test) in enumerate(splitter.split(rows, strata)):
+    for k, (train, test) in enumerate(fold_splits(strata, folds, config.seed)):
         if progress:
             progress(f"fold {k + 1}/{folds}")
         pipeline = fit_frame(data.iloc[train], labels[train], config, sources[train])
         scores[test] = predict_scores(pipeline, data.iloc[test])
     return rows, scores
+
+
+@dataclass(frozen=True)
+class OutOfFold:
+    """Out-of-fold scores of the evaluated rows: `rows` (indices into the dataset), `scores`
+    and `folds` (the fold each row was held out in), aligned."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+    folds: np.ndarray
+
+
+def out_of_fold(
+    dataset: RoutingDataset,
+    config: TrainConfig,
+    evaluated: np.ndarray | None = None,
+    folds: int = 5,
+    weights: np.ndarray | None = None,
+    progress: Progress | None = None,
+) -> OutOfFold:
+    """Out-of-fold scores of the labelled rows that `evaluated` (bool mask over the dataset; None:
+    all) selects, each from a model fitted as `fit` fits (same weights) without that row's fold.
+
+    Rows outside `evaluated` (e.g. the shipped training data added to a team's own traffic) are
+    in every fold's training set and are never scored: the figures are about the evaluated rows.
+    Folds split the distinct prompts (repeats of a prompt share a fold), stratified by benchmark
+    when they can be (fold_splits).
+    """
+    rows, labels = training_rows(dataset, config.margin)
+    own = np.ones(len(rows), bool) if evaluated is None else np.asarray(evaluated, bool)[rows]
+    data = frame([dataset.prompts[i] for i in rows])
+    sources = dataset.source[rows]
+    w = None if weights is None else np.asarray(weights, np.float64)[rows]
+    own_idx, base_idx = np.flatnonzero(own), np.flatnonzero(~own)
+    scores = np.zeros(len(own_idx))
+    fold_of = np.zeros(len(own_idx), np.int64)
+    # Folds split distinct prompts (as the model sees them), not rows: live traffic repeats
+    # prompts ("hello"), and a copy in the training folds would make a score in-sample.
+    seen = (data["mc_text"] + "\x00" + data["open_text"]).to_numpy()[own_idx]
+    _texts, first, group = np.unique(seen, return_index=True, return_inverse=True)
+    strata = dataset.benchmark[rows][own_idx][first]
+    for k, (_train_groups, test_groups) in enumerate(fold_splits(strata, folds, config.seed)):
+        if progress:
+            progress(f"fold {k + 1}/{folds}")
+        test_mask = np.isin(group, test_groups)
+        train, test = np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
+        fit_idx = np.concatenate([base_idx, own_idx[train]])
+        pipeline = fit_frame(
+            data.iloc[fit_idx], labels[fit_idx], config, sources[fit_idx],
+            None if w is None else w[fit_idx],
+        )
+        scores[test] = predict_scores(pipeline, data.iloc[own_idx[test]])
+        fold_of[test] = k
+    return OutOfFold(rows[own_idx], scores, fold_of)
 
 
 def with_overrides(config: TrainConfig, **overrides: Any) -> TrainConfig:

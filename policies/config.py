@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from typing import Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backends.config import StrictModel
 
@@ -25,6 +26,18 @@ class PolicyConfig(StrictModel):
 
     model_config = ConfigDict(extra="allow")
     type: str
+    model_path: str | None = Field(
+        default=None,
+        description="this policy's own classifier model (.onnx), e.g. a candidate model on one "
+        "arm of an A/B experiment; None = classifier.model_path",
+    )
+
+    @field_validator("model_path")
+    @classmethod
+    def _onnx_file(cls, value: str | None) -> str | None:
+        if value is not None and not value.endswith(".onnx"):
+            raise ValueError(f"expected a path to an .onnx file, got {value!r}")
+        return value
 
 
 class ExperimentArm(StrictModel):
@@ -70,7 +83,11 @@ class ExperimentConfig(StrictModel):
 
 class BudgetLimit(StrictModel):
     limit_usd: float | None = Field(default=None, ge=0)
-    period: Literal["daily", "monthly", "total"] = "monthly"
+    period: Literal["hourly", "daily", "weekly", "monthly", "total"] = Field(
+        default="monthly", description="the window spend resets on (policies/budgets/periods.py "
+        "PERIODS): local hour, midnight, Monday midnight or the 1st in budgets.timezone; total "
+        "never resets",
+    )
     rpm: int | None = Field(default=None, ge=1)
     tpm: int | None = Field(default=None, ge=1)
 
@@ -94,9 +111,29 @@ class AuthConfig(StrictModel):
     default_team: str = "default"
 
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
 class BudgetsConfig(StrictModel):
-    store: str = Field(default="memory", description="a store kind of policies/budgets/factory.py")
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    store: str = Field(
+        default="memory",
+        description="a store kind of policies/budgets/factory.py: memory | redis | redis-cluster",
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="redis://, rediss:// or unix:// URL; with store redis-cluster the "
+        "redis:// or rediss:// address of any node (the client discovers the rest), db 0",
+    )
+    redis_wait_replicas: int = Field(
+        default=0, ge=0,
+        description="after each reserve and settle, WAIT until this many replicas have the "
+        "write (bounds what a failover can lose; 0 = no wait)",
+    )
+    redis_wait_timeout_ms: int = Field(
+        default=100, ge=1,
+        description="longest WAIT for redis_wait_replicas; a write not replicated by then is "
+        "kept, logged and counted, and the request goes on",
+    )
     key_prefix: str = Field(default="cr", pattern=r"^[A-Za-z0-9_.\-]+$")
     fail_mode: Literal["closed", "open"] = "closed"
     lease_s: float = Field(default=120.0, gt=0, description="reservation lease before reclaim")
@@ -116,6 +153,12 @@ class BudgetsConfig(StrictModel):
     redis_timeout_s: float = Field(default=1.0, gt=0, description="per-command socket timeout")
     sweep_interval_s: float = Field(default=10.0, gt=0, description="expired-lease sweeper")
     key_cache_s: float = Field(default=5.0, ge=0, description="cache of run-time key lookups")
+    key_outage_grace_s: float = Field(
+        default=300.0, ge=0,
+        description="while the key store is unreachable, admit a key only if this replica "
+        "verified it against the store at most this long before it last reached the store; "
+        "a key it saw revoked is refused whatever this says",
+    )
     view_cache_s: float = Field(
         default=1.0, ge=0,
         description="how stale the budget view a policy sees may be (reserve is always exact)",
@@ -125,6 +168,33 @@ class BudgetsConfig(StrictModel):
         description="file for charges made while Redis was down (fail_mode open or a settle "
         "that could not reach Redis); None keeps them in memory",
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str, info: ValidationInfo) -> str:
+        # Checked here, not when serve connects: a bad URL is a config error naming this key.
+        cluster = info.data.get("store") == "redis-cluster"
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL ({exc})") from None
+        hint = ("; for Redis Cluster use budgets.store: redis-cluster with a redis:// URL of any "
+                "node" if "cluster" in parts.scheme else "")
+        if parts.scheme not in REDIS_SCHEMES:
+            raise ValueError(f"unsupported scheme {parts.scheme!r} (use one of "
+                             f"{', '.join(s + '://' for s in REDIS_SCHEMES)}){hint}")
+        db = parts.path.strip("/")
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError(f"no host in {url!r}")
+        if parts.scheme != "unix" and db and not db.isdigit():
+            raise ValueError(f"the path names the db and must be a number, not {db!r}")
+        if cluster:
+            if parts.scheme == "unix":
+                raise ValueError("a Redis Cluster is reached over TCP: use redis:// or rediss://")
+            if db not in ("", "0"):
+                raise ValueError("a Redis Cluster has only db 0")
+        return url
 
     @field_validator("timezone")
     @classmethod

@@ -113,41 +113,67 @@ class InMemoryKeyStore:
 
 
 class RedisKeyStore:
-    """One Redis hash `<prefix>:keys`: sha256 -> JSON record (a single key, so Cluster-safe)."""
+    """Records sharded over 256 hashes by the first two hex digits of the key's sha256:
+    `<prefix>:keys:{k<hh>}` (hh -> JSON record). Each command touches one key, and the hash tags
+    spread the buckets over a Redis Cluster's masters. Records written before sharding, in the
+    single hash `<prefix>:keys`, are still read; a bucket's record wins over one there."""
 
     def __init__(self, client: Any, prefix: str) -> None:
         self._redis = client
-        self._key = f"{prefix}:keys"
+        self._prefix = prefix
+        self._legacy = f"{prefix}:keys"
+
+    def bucket(self, key_sha256: str) -> str:
+        return f"{self._prefix}:keys:{{k{key_sha256[:2]}}}"
 
     async def get(self, key_sha256: str) -> KeyRecord | None:
-        raw = await self._redis.hget(self._key, key_sha256)
+        raw = await self._redis.hget(self.bucket(key_sha256), key_sha256)
+        if raw is None:
+            raw = await self._redis.hget(self._legacy, key_sha256)
         return None if raw is None else KeyRecord.from_json(raw)
 
     async def put(self, record: KeyRecord) -> None:
-        await self._redis.hset(self._key, record.key_sha256, record.to_json())
+        await self._redis.hset(self.bucket(record.key_sha256), record.key_sha256, record.to_json())
 
     async def all(self) -> list[KeyRecord]:
-        raw = await self._redis.hgetall(self._key)
-        return [KeyRecord.from_json(v) for v in raw.values()]
+        pipe = self._redis.pipeline(transaction=False)  # one round trip per node
+        for name in [self._legacy, *(self.bucket(f"{i:02x}") for i in range(256))]:
+            pipe.hgetall(name)
+        merged: dict[bytes | str, bytes | str] = {}
+        for raw in await pipe.execute():
+            merged.update(raw)  # legacy first, so the buckets' records win
+        return [KeyRecord.from_json(v) for v in merged.values()]
 
 
 class KeyRing:
     """Authenticates requests and manages keys (config keys + the run-time store).
 
-    `cache_s` (budgets.key_cache_s) bounds how long a revocation takes to reach this replica."""
+    `cache_s` (budgets.key_cache_s) bounds how long a revocation takes to reach this replica.
+    While the store is unreachable (`outage_grace_s`, budgets.key_outage_grace_s): a key this
+    replica has seen revoked stays refused (401) for the life of the process; a key it verified
+    against the store at most `outage_grace_s` before its last successful store call is judged
+    as the store last said; any other key, config keys included (the store may hold their
+    revocation), is refused with 503 when auth is required and treated as anonymous otherwise."""
 
     def __init__(
-        self, keys: Sequence[KeyConfig], auth: AuthConfig, store: KeyStore, cache_s: float = 5.0
+        self, keys: Sequence[KeyConfig], auth: AuthConfig, store: KeyStore, cache_s: float = 5.0,
+        outage_grace_s: float = 300.0,
     ) -> None:
         self.required = auth.required
         self.default_team = auth.default_team
         self.store = store
         self.cache_s = cache_s
+        self.outage_grace_s = outage_grace_s
         self._config: dict[str, KeyRecord] = {
             k.key_sha256: KeyRecord(k.key_sha256, k.team, k.user, k.name, source="config")
             for k in keys
         }
         self._cache: dict[str, tuple[KeyRecord | None, float]] = {}
+        # What the store last said about a key and when (monotonic), for outages; bounded like
+        # the cache. Revocations seen are kept apart and never forgotten: they are few.
+        self._verified: dict[str, tuple[KeyRecord | None, float]] = {}
+        self._revoked: set[str] = set()
+        self._last_contact = float("-inf")
 
     async def _runtime(self, key_sha256: str) -> KeyRecord | None:
         hit = self._cache.get(key_sha256)
@@ -155,11 +181,42 @@ class KeyRing:
         if hit is not None and hit[1] > now:
             return hit[0]
         record = await self.store.get(key_sha256)
+        self._learn(key_sha256, record, time.monotonic())
         if self.cache_s > 0:
             if len(self._cache) > 100_000:
                 self._cache.clear()  # bounded: unknown keys must not grow memory forever
             self._cache[key_sha256] = (record, now + self.cache_s)
         return record
+
+    def adopt(self, previous: KeyRing) -> None:
+        """Take over what `previous` (the ring before a reload) learnt from the store."""
+        self._verified = previous._verified
+        self._revoked = previous._revoked
+        self._last_contact = previous._last_contact
+
+    def _learn(self, key_sha256: str, record: KeyRecord | None, when: float) -> None:
+        self._last_contact = when
+        if record is not None and record.revoked is not None:
+            self._revoked.add(key_sha256)
+        if len(self._verified) > 100_000:
+            self._verified.clear()
+        self._verified[key_sha256] = (record, when)
+
+    def _during_outage(self, digest: str, exc: Exception) -> KeyRecord | None:
+        """The record to judge `digest` by while the store is unreachable (see the class doc);
+        raises when the key cannot be vouched for."""
+        if digest in self._revoked:
+            raise AuthError("This API key has been revoked.", "revoked_api_key")
+        seen = self._verified.get(digest)
+        if seen is not None and seen[1] >= self._last_contact - self.outage_grace_s:
+            log.warning("key store unreachable, judging key %s as last verified: %s",
+                        key_id_of(digest), exc)
+            return seen[0] or self._config.get(digest)
+        if self.required:
+            raise KeyStoreUnavailable(f"key store unreachable: {exc}") from None
+        log.warning("key store unreachable, key %s not verified recently: anonymous (%s)",
+                    key_id_of(digest), exc)
+        return None
 
     async def authenticate(self, authorization: str | None) -> Identity:
         token = bearer_token(authorization)
@@ -169,15 +226,12 @@ class KeyRing:
                     "Missing API key: send 'Authorization: Bearer <key>'.", "missing_api_key")
             return Identity(self.default_team)
         digest = hash_key(token)
-        configured = self._config.get(digest)
         try:
-            record = await self._runtime(digest)
-        except Exception as exc:  # store down: config keys still work
-            if configured is None and self.required:
-                raise KeyStoreUnavailable(f"key store unreachable: {exc}") from None
-            log.warning("key store unreachable, using config keys only: %s", exc)
-            record = None
-        record = record or configured
+            record = await self._runtime(digest) or self._config.get(digest)
+        except Exception as exc:  # noqa: BLE001 - any store failure is an outage here
+            record = self._during_outage(digest, exc)
+            if record is None:
+                return Identity(self.default_team)
         if record is None:
             if self.required:
                 raise AuthError("Incorrect API key provided.")
@@ -210,6 +264,7 @@ class KeyRing:
         record.revoked = time.time()
         await self.store.put(record)
         self._cache.pop(record.key_sha256, None)
+        self._learn(record.key_sha256, record, time.monotonic())
         return record
 
     async def list(self) -> list[KeyRecord]:

@@ -10,6 +10,7 @@ test_policy_conformance.py runs its checks on every one (it fails until the type
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,7 +48,8 @@ def parse_params(name: str, policy: PolicyConfig) -> PolicyParams:
             f"policies.{name}.type: unknown policy type {policy.type!r} (known: {sorted(SPECS)})"
         )
     try:
-        return spec.params.model_validate(policy.model_dump())
+        # model_path is every type's (the classifier it scores with, PolicyEnv.model_path).
+        return spec.params.model_validate(policy.model_dump(exclude={"model_path"}))
     except ValidationError as exc:
         lines = []
         for e in exc.errors():
@@ -115,9 +117,11 @@ def build_policies(policies: Mapping[str, PolicyConfig], env: PolicyEnv) -> dict
     """Every configured policy by name; raises ConfigError naming the offending key."""
     if not policies:
         return {env.default_policy: default_policy(env)}
-    cache: dict[tuple[str, bool], Any] = {}
+    cache: dict[tuple[str, bool, str | None], Any] = {}
     built: dict[str, Policy] = {}
     for name, policy in policies.items():
         params = parse_params(name, policy)
-        built[name] = SPECS[policy.type].build(Builder(name, env, cache), params)
+        # A policy with its own model takes its card threshold and rescores with that model.
+        own = env if policy.model_path is None else replace(env, model_path=policy.model_path)
+        built[name] = SPECS[policy.type].build(Builder(name, own, cache), params)
     return built

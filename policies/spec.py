@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -71,6 +71,18 @@ class ShareSource(PolicyParams):
     rescore: bool = Field(default=False, description="score the trace's prompts with our model")
 
 
+class TunedFor(BaseModel):
+    """The target a threshold was picked for (`cost-router tune --write` records it), so
+    `cost-router classifier promote` can pick the new model's threshold for the same target."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["quality", "cost", "large_share"] = Field(
+        description="quality: >= value of all-large quality; cost: <= value USD per 1,000 "
+        "requests; large_share: <= value of requests to the large tier"
+    )
+    value: float = Field(ge=0)
+
+
 class TwoTierParams(ShareSource):
     """A small and a large tier split by one threshold (or a target share of large traffic)."""
 
@@ -78,6 +90,11 @@ class TwoTierParams(ShareSource):
     large: str | None = Field(default=None, description="default: the priciest tier")
     threshold: float | None = Field(default=None, ge=0, le=1)
     target_large_share: float | None = Field(default=None, ge=0, le=1)
+    tuned_for: TunedFor | None = Field(
+        default=None,
+        description="the target `tune --write` picked threshold for; `classifier promote` "
+        "re-tunes to it (routing ignores it)",
+    )
 
     @model_validator(mode="after")
     def _one_threshold(self) -> TwoTierParams:
@@ -92,7 +109,9 @@ class Builder:
     """What a builder gets: the policy name, the environment, a scores cache shared by the
     policies of one build (so a reference trace is read once)."""
 
-    def __init__(self, name: str, env: PolicyEnv, cache: dict[tuple[str, bool], Any]) -> None:
+    def __init__(
+        self, name: str, env: PolicyEnv, cache: dict[tuple[str, bool, str | None], Any]
+    ) -> None:
         self.name = name
         self.env = env
         self.by_price = tiers_by_price(env.prices)
@@ -104,7 +123,9 @@ class Builder:
     def scores(self, params: ShareSource) -> tuple[np.ndarray, str]:
         """The reference trace's scores and its path (for the conversion log)."""
         assert params.reference_trace
-        key = (params.reference_trace, params.rescore)
+        # Rescored scores depend on the model (a policy may name its own).
+        model = self.env.model_path if params.rescore else None
+        key = (params.reference_trace, params.rescore, model)
         if key not in self._cache:
             try:
                 self._cache[key] = load_reference_scores(

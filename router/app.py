@@ -23,22 +23,32 @@ from starlette.responses import Response
 from backends.registry import build_backends, close_backends
 from backends.signal_poller import SignalsPoller
 from backends.signals_metrics import register_signals
-from classifiers.inference import DifficultyScorer
 from policies.budgets.factory import build_stores
 from policies.budgets.metrics import BudgetGauges
 from policies.budgets.store import BudgetStore
 from policies.keys import KeyRing, KeyStore
-from policies.selection import PolicySelector
 from router.budget_api import budget_router
 from router.budget_gate import BudgetGate
 from router.config import RouterConfig
 from router.errors import install_error_handlers, json_response
-from router.feedback import FeedbackService
-from router.feedback import router as feedback_router
+from router.evaluation.shadow import build_shadow
+from router.feedback import FeedbackIn, FeedbackService
+from router.feedback_api import feedback_router
 from router.metrics import RouterMetrics
+from router.openapi import Health, ModelList, Readiness, errors, install_openapi, json_body, ok
 from router.reload import ConfigReloader
 from router.request_path import handle
-from router.state import RouterState, Scorer, TierLimiter, build_selector
+from router.schemas import ChatCompletionRequest, CompletionRequest
+from router.state import (
+    RouterState,
+    Routing,
+    Scorer,
+    Scorers,
+    TierLimiter,
+    build_routing,
+    build_selector,
+    load_scorers,
+)
 from router.trace_sink import TraceSink
 
 log = logging.getLogger(__name__)
@@ -46,12 +56,17 @@ log = logging.getLogger(__name__)
 VIRTUAL_MODELS = ("auto",)
 
 
-def load_scorer(config: RouterConfig) -> Scorer:
-    return DifficultyScorer.load(config.classifier.model_path)
+def load_scorer(config: RouterConfig) -> Scorers:
+    """Every classifier model the config names (raises ModelLoadError naming the key)."""
+    return load_scorers(config)
 
 
-def key_ring(config: RouterConfig, store: KeyStore) -> KeyRing:
-    return KeyRing(config.keys, config.auth, store, config.budgets.key_cache_s)
+def key_ring(config: RouterConfig, store: KeyStore, previous: KeyRing | None = None) -> KeyRing:
+    ring = KeyRing(config.keys, config.auth, store, config.budgets.key_cache_s,
+                   config.budgets.key_outage_grace_s)
+    if previous is not None:
+        ring.adopt(previous)  # a reload must not forget the revocations this replica has seen
+    return ring
 
 
 def budget_gate(
@@ -63,7 +78,7 @@ def budget_gate(
 def build_state(
     config: RouterConfig,
     *,
-    scorer: Scorer | None = None,
+    scorer: Scorer | Scorers | None = None,
     metrics: RouterMetrics | None = None,
     budget_store: BudgetStore | None = None,
     key_store: KeyStore | None = None,
@@ -76,11 +91,12 @@ def build_state(
     if config.traces.path:
         traces = TraceSink(config.traces.path, config.traces.max_bytes, config.traces.backups)
         feedback = FeedbackService(config.traces.path, config.traces.backups)
+    backends = build_backends(config.tiers)
     return RouterState(
         config=config,
         selector=build_selector(config),
-        scorer=scorer or load_scorer(config),
-        backends=build_backends(config.tiers),
+        scorers=scorer if isinstance(scorer, Scorers) else load_scorers(config, default=scorer),
+        backends=backends,
         limiters={
             t.name: TierLimiter(t.name, t.max_inflight, t.queue_timeout_s, metrics)
             for t in config.tiers
@@ -91,6 +107,9 @@ def build_state(
         traces=traces,
         feedback=feedback,
         signals=_signals(config, metrics),
+        shadow=build_shadow(config.evaluation, config.traces.path, {t.name: t for t in
+                            config.tiers}, backends, budget_store, metrics.registry,
+                            config.budgets, config.classifier.context_turns),  # fmt: skip
     )
 
 
@@ -109,6 +128,8 @@ async def start_state(state: RouterState) -> None:
     await state.budgets.store.start()
     if state.signals is not None:
         state.signals.start()
+    if state.shadow is not None:
+        state.shadow.start()
     # Everything loaded so far (libraries, classifier, config) lives for the whole process;
     # freezing it keeps the collector from rescanning it, which otherwise shows up as
     # tens-of-milliseconds pauses in the p99 latency.
@@ -119,6 +140,8 @@ async def start_state(state: RouterState) -> None:
 async def stop_state(state: RouterState) -> None:
     """After the server stopped taking requests: finish settles/traces, then close everything."""
     await state.drain()
+    if state.shadow is not None:
+        await state.shadow.stop()  # before the backends and the store it uses close
     if state.signals is not None:
         await state.signals.stop()
     await close_backends(state.backends)
@@ -135,17 +158,19 @@ def swap_state(app: FastAPI, new: RouterState) -> RouterState:
     return old
 
 
-def apply_routing(app: FastAPI, selector: PolicySelector, config: RouterConfig) -> None:
+def apply_routing(app: FastAPI, routing: Routing, config: RouterConfig) -> None:
     """Hot reload of routing (router/reload.py's `apply`): same backends, limiters and stores,
-    new policies/experiments/teams/keys. In-flight requests keep the state they started with."""
+    new policies/experiments/teams/keys and classifier models (loaded by build_routing, off the
+    event loop). In-flight requests keep the state, and so the models, they started with."""
     old: RouterState = app.state.router
     swap_state(
         app,
         replace(
             old,
             config=config,
-            selector=selector,
-            keys=key_ring(config, old.keys.store),
+            selector=routing.selector,
+            scorers=routing.scorers,
+            keys=key_ring(config, old.keys.store, old.keys),
             budgets=budget_gate(config, old.budgets.store, old.budgets.gauges),
             pending=old.pending,
         ),
@@ -174,6 +199,7 @@ def create_app(
     app = FastAPI(title="cost-router", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     _add_routes(app)
+    install_openapi(app, [ChatCompletionRequest, CompletionRequest, FeedbackIn])
     return app
 
 
@@ -183,7 +209,9 @@ def _start_reloader(app: FastAPI, config_path: str | Path | None) -> ConfigReloa
     reloader = ConfigReloader(
         config_path,
         current=lambda: app.state.router.config,
-        apply=lambda selector, cfg: apply_routing(app, selector, cfg),
+        apply=lambda routing, cfg: apply_routing(app, routing, cfg),
+        build=lambda cfg: build_routing(cfg, app.state.router.scorers),
+        debounce_s=app.state.router.config.server.reload_debounce_s,
     )
     reloader.start()
     return reloader
@@ -193,31 +221,43 @@ def _add_routes(app: FastAPI) -> None:
     app.include_router(budget_router)
     app.include_router(feedback_router)
 
-    @app.post("/v1/chat/completions", tags=["openai"])
+    # The published schema (router/openapi.py): bodies these routes read themselves, and errors.
+    completion_responses = {
+        200: {"description": "the upstream's answer (JSON), or an SSE stream with stream: true",
+              "content": {"application/json": {"schema": {"type": "object"}},
+                          "text/event-stream": {}}},  # chunks of the upstream, then [DONE]
+        **errors(400, 401, 404, 408, 413, 415, 429, 502, 503),
+    }
+    auth = [{"apiKey": []}]
+
+    @app.post("/v1/chat/completions", tags=["openai"], responses=completion_responses,
+              openapi_extra={**json_body(ChatCompletionRequest), "security": auth})
     async def chat_completions(request: Request) -> Response:
         return await handle(request.app.state.router, request, "chat/completions")
 
-    @app.post("/v1/completions", tags=["openai"])
+    @app.post("/v1/completions", tags=["openai"], responses=completion_responses,
+              openapi_extra={**json_body(CompletionRequest), "security": auth})
     async def completions(request: Request) -> Response:
         return await handle(request.app.state.router, request, "completions")
 
-    @app.get("/v1/models", tags=["openai"])
+    @app.get("/v1/models", tags=["openai"], responses=ok(ModelList))
     async def models(request: Request) -> Response:
         state: RouterState = request.app.state.router
         return json_response(200, {"object": "list", "data": model_list(state)})
 
-    @app.get("/healthz", tags=["ops"])
+    @app.get("/healthz", tags=["ops"], responses=ok(Health))
     async def healthz() -> Response:
         return json_response(200, {"status": "ok"})
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get("/readyz", tags=["ops"], responses={
+        **ok(Readiness), 503: {"model": Readiness, "description": "not ready"}})
     async def readyz(request: Request) -> Response:
         state: RouterState = request.app.state.router
         checks = await readiness(state)
         ok = all(c["ok"] for c in checks.values())
         return json_response(200 if ok else 503, {"ready": ok, "checks": checks})
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], responses=ok(media_type="text/plain"))
     async def metrics(request: Request) -> Response:
         await request.app.state.router.budgets.refresh_gauges()
         body, content_type = request.app.state.router.metrics.render()

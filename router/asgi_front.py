@@ -5,6 +5,10 @@ exception and exit-stack middlewares, router, endpoint wrapper) cost about a fif
 proxy's CPU per request. The request path catches every error it expects and answers it
 itself, so the only thing the stack added on these routes was the catch-all 500, repeated
 here. Every other route (and the OpenAPI docs of these two) is served by the FastAPI app.
+
+Every HTTP request, hot or not, passes the content-type check here first: a body-carrying
+request must declare JSON, 415 otherwise (router/body_limits.py says why). Slow heads and bodies
+are cut below the app, in the server's protocol (router/http_protocol.py).
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from router.body_limits import has_body, json_content_type
 from router.errors import error_body, json_response
 from router.request_path import handle
 
 log = logging.getLogger(__name__)
 
 HOT_PATHS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions"}
+JSON_BODY_PATHS = {*HOT_PATHS, "/v1/feedback"}  # the routes that read a JSON body
 
 
 class FastPath:
@@ -28,7 +34,16 @@ class FastPath:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = HOT_PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if has_body(scope) and scope["path"] in JSON_BODY_PATHS and not json_content_type(scope):
+            message = "Content-Type must be application/json"
+            body = error_body(415, "unsupported_media_type", message, "content-type")
+            # Closed: the unread body is not worth reading to keep the connection.
+            await json_response(415, body, {"connection": "close"})(scope, receive, send)
+            return
+        endpoint = HOT_PATHS.get(scope["path"])
         if endpoint is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return

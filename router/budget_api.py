@@ -9,12 +9,14 @@ from starlette.responses import Response
 
 from policies.budgets.store import BudgetUnavailable
 from router.errors import RouterError, json_response
+from router.openapi import BudgetOut, errors, ok
 from router.request_path import identify
 
 budget_router = APIRouter()
 
 
-@budget_router.get("/v1/budget", tags=["budgets"])
+@budget_router.get("/v1/budget", tags=["budgets"], responses={**ok(BudgetOut), **errors(401, 503)},
+                   openapi_extra={"security": [{"apiKey": []}]})
 async def get_budget(request: Request) -> Response:
     state = request.app.state.router
     identity = await identify(state, request)  # 401 for a missing/unknown/revoked key

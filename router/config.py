@@ -31,6 +31,7 @@ from policies.config import (
     TeamConfig,
 )
 from policies.registry import PolicyEnv, check_routing
+from router.evaluation.config import EvaluationConfig, check_evaluation
 
 __all__ = ["ConfigError", "RouterConfig", "config_from_dict", "load_config", "section_from_env"]
 
@@ -51,6 +52,24 @@ class ServerConfig(StrictModel):
     port: int = Field(default=8080, ge=1, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="a request's head and body must arrive within this many seconds of its "
+        "first byte (a new connection's first byte too); later: 408 and the connection closed, "
+        "so slow-drip clients cannot hold connections",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=4096,
+        description="request line plus headers larger than this: 431 and the connection closed",
+    )
+    max_headers: int = Field(
+        default=100, ge=16, description="requests with more header fields than this: 431",
+    )
+    reload_debounce_s: float = Field(
+        default=1.0, ge=0,
+        description="hot reload applies a changed config file only once it has stayed unchanged "
+        "this long (router/reload.py)",
+    )
 
 
 class RouterConfig(StrictModel):
@@ -66,6 +85,10 @@ class RouterConfig(StrictModel):
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
     traces: TracesConfig = Field(default_factory=TracesConfig)
     signals: SignalsConfig = Field(default_factory=SignalsConfig)
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig,
+        description="shadow comparisons and judges (docs/learning.md)",
+    )
 
     @field_validator("tiers")
     @classmethod
@@ -90,6 +113,9 @@ class RouterConfig(StrictModel):
         check_store_kind(self.budgets.store)
         check_routing(self.policies, self.default_policy, {t.name for t in self.tiers},
                       self.teams, self.keys, self.experiments)
+        team_names = {*self.teams, *(k.team for k in self.keys), self.auth.default_team}
+        check_evaluation(self.evaluation, {t.name for t in self.tiers}, team_names,
+                         set(self.policies) or {self.default_policy}, self.traces.path)
         return self
 
     def policy_env(self) -> PolicyEnv:
@@ -105,19 +131,39 @@ class RouterConfig(StrictModel):
         raise KeyError(name)
 
 
-def _format_validation_error(err: ValidationError, source: str, section: str = "") -> str:
-    """One line per error, each naming its key (under `section` when one section was checked)."""
-    lines = [f"invalid configuration in {source}:"]
+# Which environment variable set which key: (lower-cased key path) -> variable name.
+Overrides = dict[tuple[str, ...], str]
+
+
+def _override_of(loc: tuple[str, ...], overrides: Overrides) -> str | None:
+    """The variable that set the key at `loc` (or a section containing it), if any."""
+    for path, name in overrides.items():
+        if loc[: len(path)] == path:
+            return name
+    return None
+
+
+def _format_validation_error(err: ValidationError, source: str, section: str = "",
+                             overrides: Overrides | None = None) -> str:  # fmt: skip
+    """One line per error, each naming its key (under `section` when one section was checked)
+    and, when an environment override set that key, the variable rather than the file."""
+    lines: list[str] = []
+    from_env = 0
     for e in err.errors():
         path = [section, *e["loc"]] if section else list(e["loc"])
         loc = ".".join(str(p) for p in path)
+        var = _override_of(tuple(str(p).lower() for p in path), overrides or {})
+        where = f" (set by {var})" if var and path else ""
+        from_env += bool(where)
         cause = (e.get("ctx") or {}).get("error")
         if isinstance(cause, ConfigError):
             # A cross-section check (policy params, tier kinds) already names its key.
-            lines.append(f"  {cause}" if not e["loc"] else f"  {loc}: {cause}")
+            lines.append(f"  {cause}" if not e["loc"] else f"  {loc}{where}: {cause}")
         else:
-            lines.append(f"  {loc or '(top level)'}: {e['msg']}")
-    return "\n".join(lines)
+            lines.append(f"  {loc or '(top level)'}{where}: {e['msg']}")
+    head = (f"invalid environment override (on top of {source}):" if from_env == len(lines)
+            else f"invalid configuration in {source}:")
+    return "\n".join([head, *lines])
 
 
 def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -134,14 +180,31 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
         node[last] = value
 
 
-def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str] | None = None) -> None:
+def apply_env_overrides(
+    data: dict[str, Any], environ: Mapping[str, str] | None = None
+) -> Overrides:
+    """Set every ``COST_ROUTER__*`` variable's value in `data`, in place; returns which variable
+    set which key. A variable that cannot be applied raises ConfigError naming it."""
     env = os.environ if environ is None else environ
+    applied: Overrides = {}
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
-        if path:
-            _set_path(data, path, yaml.safe_load(raw) if raw != "" else "")
+        if not path:
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or exc
+            raise ConfigError(f"environment variable {name}: not a YAML value: {problem}") from None
+        try:
+            _set_path(data, path, value)
+        except (IndexError, ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"environment variable {name}: no key {'.'.join(path)} to set "
+                              f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+        applied[tuple(path)] = name
+    return applied
 
 
 def section_from_env(
@@ -153,10 +216,8 @@ def section_from_env(
     the key (``budgets.lease_s: ...``), as `config_from_dict` names them; `check` (raising
     ConfigError) adds what the whole config would check about this section."""
     data: dict[str, Any] = {}
-    try:
-        apply_env_overrides(data, environ)
-    except (IndexError, ValueError, TypeError) as exc:
-        raise ConfigError(f"bad environment override: {exc}") from exc
+    apply_env_overrides(data, environ)
+    # Every value here comes from a variable; the source says so, each line names its key.
     source = f"the environment ({ENV_PREFIX}{name.upper()}__*)"
     try:
         section = model.model_validate(data.get(name) or {})
@@ -175,14 +236,22 @@ def config_from_dict(
     # Overrides are set in place deep inside the tree: copy it all, so the caller's data (a YAML
     # file `tune --write` saves back, a module's defaults) never carries environment values.
     merged = copy.deepcopy(dict(data))
-    try:
-        apply_env_overrides(merged, environ)
-    except (IndexError, ValueError, TypeError) as exc:
-        raise ConfigError(f"bad environment override: {exc}") from exc
+    overrides = apply_env_overrides(merged, environ)
     try:
         return RouterConfig.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from None
+        raise ConfigError(_format_validation_error(exc, source, overrides=overrides)) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error without its `in "<unicode string>"` (the caller names the file)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return str(exc).replace('in "<unicode string>", ', "")
+    context = getattr(exc, "context", None)
+    return (f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+            + (f" ({context})" if context else ""))  # fmt: skip
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> RouterConfig:
@@ -194,7 +263,7 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> R
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{p} is not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
     return config_from_dict(data, source=str(p), environ=environ)

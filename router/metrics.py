@@ -8,8 +8,13 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
+
+# Every counter and histogram would add a `<name>_created` series (its creation time): noise in
+# /metrics that no dashboard uses. The switch is process-wide and read at each scrape.
+disable_created_metrics()
 
 # Classifier runs in well under a millisecond; upstream calls take from milliseconds to minutes.
 CLASSIFIER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
@@ -53,6 +58,12 @@ class RouterMetrics:
         self.experiment_cost_usd = Counter(
             "cost_router_experiment_cost_usd", "Cost charged in an A/B experiment, USD, by arm",
             ["experiment", "arm"], registry=r,
+        )
+        self.usage_faults = Counter(
+            "cost_router_upstream_usage_faults",
+            "Answers whose reported usage was not trusted (never charged): by tier and reason "
+            "(malformed, negative, completion_over_bound, prompt_over_bound)",
+            ["tier", "reason"], registry=r,
         )
         self.inflight = Gauge(
             "cost_router_inflight", "Upstream requests in flight", ["tier"], registry=r

@@ -1,9 +1,15 @@
 """Hot reload of routing config (policies, experiments, default/team/key policy choice).
 
-Triggered by SIGHUP or by the config file changing (polled: mtime, size, then content hash).
-The new file is validated in full and its policies built (reference traces read, shares
-converted) before anything changes; on any error the running config stays and the error is
-logged. Only routing reloads: tiers, budgets, server, traces and classifier need a restart, and
+Triggered by SIGHUP or by the config file changing (polled: mtime, size, then content hash). A
+changed file is applied only once it has stopped changing: the same stat and content hash for
+`debounce_s` (server.reload_debounce_s), so an editor or a tool writing the file in several steps
+is never applied half-written (docs/deployment.md: replace the file atomically). The new file is
+validated in full and its policies built (reference traces read, shares converted) before
+anything changes; on any error the running config stays and the error is logged. A reload logs
+what it changed (sections, and the names of teams, keys, policies and experiments; never a key's
+hash). Routing reloads, and so does the classifier section: the app's `build` loads the models
+the new file names (router/state.py build_routing: a changed or replaced model file is loaded
+again, off the event loop) before the swap. Tiers, budgets, server and traces need a restart, and
 a reload that changes them logs a warning and applies just its routing part, merged onto the
 running config (so policies must name tiers that are running).
 """
@@ -15,17 +21,19 @@ import contextlib
 import hashlib
 import logging
 import signal
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from policies.config import ConfigError
-from policies.selection import PolicySelector
+from policies.keys import key_id_of
 from router.config import RouterConfig, config_from_dict, load_config
 from router.state import build_selector
 
 log = logging.getLogger("cost_router.reload")
 
-ROUTING_KEYS = ("default_policy", "policies", "experiments", "teams", "keys")
+ROUTING_KEYS = ("default_policy", "policies", "experiments", "teams", "keys", "classifier")
 
 
 def merge_routing(running: RouterConfig, new: RouterConfig) -> RouterConfig:
@@ -41,28 +49,73 @@ def merge_routing(running: RouterConfig, new: RouterConfig) -> RouterConfig:
     return config_from_dict(merged, source="reloaded routing config", environ={})
 
 
+def _named(section: str, value: Any) -> dict[str, Any]:
+    """A routing section as name -> entry. Keys are named by their public id (a hash prefix)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if section == "keys":
+        return {key_id_of(k["key_sha256"]): k for k in value}
+    if section == "experiments":
+        return {e["name"]: e for e in value}
+    return {"": value}
+
+
+def describe_changes(old: RouterConfig, new: RouterConfig) -> str:
+    """A one-line summary of what differs between two configs' routing sections, e.g.
+    `teams +red -blue ~green; keys +3f9a0c...; default_policy main -> cheap`."""
+    before, after = old.model_dump(mode="json"), new.model_dump(mode="json")
+    parts = []
+    for section in ROUTING_KEYS:
+        a, b = before[section], after[section]
+        if a == b:
+            continue
+        if section == "default_policy":
+            parts.append(f"default_policy {a} -> {b}")
+            continue
+        was, now = _named(section, a), _named(section, b)
+        marks = [f"+{n}" for n in now if n not in was]
+        marks += [f"-{n}" for n in was if n not in now]
+        marks += [f"~{n}" for n in now if n in was and now[n] != was[n]]
+        parts.append(f"{section} {' '.join(marks)}")
+    return "; ".join(parts) or "no routing changes"
+
+
 class ConfigReloader:
-    """Watches `path`; on a valid change calls `apply(selector, merged_config)`."""
+    """Watches `path`; on a valid change calls `apply(build(merged_config), merged_config)`.
+
+    `build` (default: the policies alone, router.state.build_selector) runs in a worker thread and
+    returns something with the built `policies`; the app's builds its models too."""
 
     def __init__(
         self,
         path: str | Path,
         current: Callable[[], RouterConfig],
-        apply: Callable[[PolicySelector, RouterConfig], None],
+        apply: Callable[[Any, RouterConfig], None],
         interval_s: float = 2.0,
+        debounce_s: float = 1.0,
+        build: Callable[[RouterConfig], Any] = build_selector,
     ) -> None:
         self.path = Path(path)
         self._current = current
         self._apply = apply
+        self._build = build
         self.interval_s = interval_s
+        self.debounce_s = debounce_s
         self._stat: tuple[int, int, int] | None = None
         self._digest: str | None = None
+        # A change seen but not applied yet: ((stat, digest), monotonic time first seen).
+        self._pending: tuple[tuple[tuple[int, int, int] | None, str], float] | None = None
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._signal_loop: asyncio.AbstractEventLoop | None = None
         self.reloads = 0  # successful reloads (for tests and /metrics)
         self.failures = 0
         self._remember_file()
+
+    @property
+    def settling(self) -> bool:
+        """A change was seen and waits for its quiet period before it is applied."""
+        return self._pending is not None
 
     def _stat_now(self) -> tuple[int, int, int] | None:
         try:
@@ -73,49 +126,70 @@ class ConfigReloader:
 
     def _remember_file(self) -> None:
         self._stat = self._stat_now()
+        self._pending = None
         with contextlib.suppress(OSError):
             self._digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
 
-    def prepare(self) -> tuple[PolicySelector, RouterConfig]:
+    def prepare(self) -> tuple[Any, RouterConfig]:
         """Load, validate and build (blocking; no effect on the running config)."""
         merged = merge_routing(self._current(), load_config(self.path))
-        return build_selector(merged), merged
+        return self._build(merged), merged
 
     async def reload(self, reason: str = "request") -> bool:
         """Validate and apply the file now. False (old config kept, error logged) if it is bad."""
         async with self._lock:
+            # Remembered before reading: a write that lands during the load shows up as a change.
             self._remember_file()
+            running = self._current()
             try:
-                selector, merged = await asyncio.to_thread(self.prepare)
+                built, merged = await asyncio.to_thread(self.prepare)
             except (ConfigError, ValueError, OSError) as exc:
                 self.failures += 1
                 log.error("config reload (%s) rejected, keeping the running config: %s",
                           reason, exc)
                 return False
-            self._apply(selector, merged)
+            self._apply(built, merged)
             self.reloads += 1
-            log.info("config reloaded (%s): %d policies, %d experiments", reason,
-                     len(selector.policies), len(merged.experiments))
+            log.info("config reloaded (%s): %s; %d policies, %d experiments", reason,
+                     describe_changes(running, merged), len(built.policies),
+                     len(merged.experiments))
             return True
 
     async def check_file(self) -> bool | None:
-        """Reload if the file changed since last seen; None when unchanged."""
-        if self._stat_now() == self._stat:
+        """Reload if the file changed since last applied and has then stayed the same (stat and
+        content) for `debounce_s`. None when unchanged or still settling; else reload()'s result."""
+        stat = self._stat_now()
+        if stat == self._stat and self._pending is None:
             return None
         try:
             digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
         except OSError as exc:
             log.error("config reload: cannot read %s: %s", self.path, exc)
-            self._stat = self._stat_now()
+            self._stat, self._pending = stat, None
             return False
         if digest == self._digest:
-            self._stat = self._stat_now()  # touched, not changed
+            self._stat, self._pending = stat, None  # touched, or changed back
+            return None
+        seen, now = (stat, digest), time.monotonic()
+        if self._pending is None or self._pending[0] != seen:
+            self._pending = (seen, now)  # (re)start the quiet period
+            if self.debounce_s > 0:
+                log.debug("config file %s changed; applying once unchanged for %.1f s",
+                          self.path, self.debounce_s)
+                return None
+        elif now - self._pending[1] < self.debounce_s:
             return None
         return await self.reload("file changed")
 
+    def _next_poll_s(self) -> float:
+        if self._pending is None:
+            return self.interval_s
+        # Settling: look again when the quiet period ends (and once within it, to see writes).
+        return max(0.01, min(self.interval_s, self.debounce_s / 2))
+
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self._next_poll_s())
             try:
                 await self.check_file()
             except Exception:  # the watcher must outlive any one bad reload

@@ -9,6 +9,7 @@ along the way lands in a ``Call``, which becomes the response headers and the tr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -22,14 +23,18 @@ from starlette.responses import Response
 
 from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, Usage
 from backends.config import TierConfig
+from backends.json_limits import MAX_JSON_DEPTH, deeper_than
+from backends.usage import counted_usage, usage_json
 from policies.base import RoutingContext
 from policies.keys import AuthError, Identity, KeyStoreUnavailable
 from policies.selection import Selection, UnknownPolicyError
+from router.body_limits import body_timed_out
 from router.disconnect import DisconnectWatch, RelayResponse, until_disconnect
-from router.errors import RouterError, error_response, json_response
+from router.errors import RouterError, error_body, error_response, json_response
 from router.schemas import validate_body
 from router.state import RouterState, TierLimiter
 from router.stream_relay import StreamMeter, relay
+from router.usage_guard import UsageBound, checked_usage, priced
 from trace_format.request_text import request_text
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,12 @@ class Call:
     downgraded: bool = False  # the budget did not fit the chosen tier; a cheaper one answered
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
+    body: dict[str, Any] | None = None  # as sent upstream; read by shadow comparisons
+    reserved_nanos: int = 0  # the reservation: no charge is above it
+    actual_cost_usd: float | None = None  # the usage's cost before that cap (settle: overage)
+    error_detail: str | None = None  # what broke a stream, for the trace (never the client)
+    answer: Any = None  # the answer body, or a stream's content events (shadow comparisons)
+    finishing: bool = False  # finish() is queued: a later failure amends the call, not a 2nd run
 
     @property
     def policy(self) -> str:
@@ -74,7 +85,7 @@ class Call:
 
     def headers(self) -> dict[str, str]:
         h = {"x-router-request-id": self.id}
-        if self.tier:
+        if self.tier and self.tiers_tried:  # refused before any tier (budget): no tier header
             h["x-router-tier"] = self.tier
         if self.selection is not None:
             h["x-router-policy"] = self.policy
@@ -124,6 +135,12 @@ class Call:
             record["messages"] = self.messages
         if signals:
             record["backend_signals"] = signals
+        if usage is not None and usage.fault is not None:
+            record["usage_fault"] = usage.fault
+        if usage is not None and not usage.reported:
+            record["usage_estimated"] = True
+        if self.error_detail is not None:
+            record["error_detail"] = self.error_detail
         return record
 
 
@@ -136,20 +153,41 @@ def new_call(endpoint: str) -> Call:
 
 async def handle(state: RouterState, request: Request, endpoint: str) -> Response:
     call = new_call(endpoint)
-    if state.feedback is not None:
-        # Every call is traced (finish() runs on success and on failure); registering the id now
-        # lets feedback sent right after the response find it before the trace hits the disk.
-        state.feedback.remember(call.id)
+    # Every way out below ends in finish() (through _fail here, or the answer's own path), which
+    # settles or releases a reservation: one held by a request that died would be renewed for as
+    # long as the replica runs, and drain the team's budget.
     try:
         return await _handle(state, request, call)
     except RouterError as err:
         return await _fail(state, call, err.status, err.code, error_response(err, call.headers()))
     except UpstreamClientError as exc:
-        # The upstream's own 4xx answer, untouched: the request itself was bad for that model.
-        resp = json_response(exc.status, exc.body, call.headers())
-        return await _fail(state, call, exc.status, "upstream_client_error", resp)
+        # The request was bad for that model: its status, not its body, which may carry the
+        # upstream's internals (logged for the operator).
+        call.error_detail = f"upstream answered {exc.status}: {str(exc.body)[:2000]}"
+        log.warning("upstream rejected %s: %s", call.id, call.error_detail)
+        code = "upstream_client_error"
+        message = exc.public or (f"the model server rejected the request ({exc.status}); the "
+                                 f"router's log has the details under request id {call.id}")
+        resp = json_response(exc.status, error_body(exc.status, code, message), call.headers())
+        return await _fail(state, call, exc.status, code, resp)
     except (ClientGone, ClientDisconnect):
         return await _fail(state, call, 499, "client_disconnected", Response(status_code=499))
+    except asyncio.CancelledError:
+        # Shutdown cancelled the request: still settle what it reserved, then let it unwind.
+        if call.reserved:
+            await _fail(state, call, 499, "cancelled", Response(status_code=499))
+        raise
+    except Exception:  # noqa: BLE001 - a bug of ours: never a held reservation or a stack trace
+        log.exception("unexpected error in request %s", call.id)
+        body = error_body(500, "internal_error", f"internal error in the router (request id "
+                                                 f"{call.id})")
+        return await _fail(state, call, 500, "internal_error", json_response(500, body,
+                                                                             call.headers()))
+    finally:
+        if state.feedback is not None and call.identity is not None:
+            # Before the response leaves: feedback sent right after it finds the id (and the
+            # team that alone may rate it) before the trace hits the disk.
+            state.feedback.remember(call.id, call.identity.team)
 
 
 async def _handle(state: RouterState, request: Request, call: Call) -> Response:
@@ -159,11 +197,14 @@ async def _handle(state: RouterState, request: Request, call: Call) -> Response:
     call.stream = body.get("stream") is True
     await route(state, call, body, request)
     chain = tier_chain(state, call.tier or "")
-    body = state.budgets.bound_body(body)
-    # --- budget: reserve (settled or released in finish()/_fail()) ---------------------------
+    # What the upstream gets carries exactly the bound that is reserved, in the field(s) the
+    # endpoint obeys.
+    body = state.budgets.bound_body(body, call.endpoint)
+    call.body = body
+    # --- budget: reserve (settled or released in finish()/_fail(), whatever happens next) ------
     admitted = await state.budgets.reserve(call.id, call.identity, body, chain, cheaper_tiers(
-        state, call))
-    call.reserved = True
+        state, call), endpoint=call.endpoint)
+    call.reserved, call.reserved_nanos = True, admitted.reserved_nanos
     chain = admitted.chain
     if admitted.downgraded:
         call.downgraded, call.tier = True, chain[0].name
@@ -193,11 +234,17 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise _too_large(limit)
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        parts.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(chunk)
+    except ClientDisconnect:
+        if body_timed_out(request.scope):  # the server answered 408 and closed: trace it so
+            message = "the request body did not arrive within server.body_timeout_s"
+            raise RouterError(408, "request_timeout", message) from None
+        raise
     return b"".join(parts)
 
 
@@ -209,9 +256,13 @@ def parse_body(raw: bytes) -> Any:
     if not raw:
         raise RouterError(400, "invalid_json", "request body is empty; expected a JSON object")
     try:
-        return orjson.loads(raw)  # rejects invalid UTF-8 as well as bad JSON
+        body = orjson.loads(raw)  # rejects invalid UTF-8 as well as bad JSON
     except orjson.JSONDecodeError as exc:
         raise RouterError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    if deeper_than(body):  # before anything is reserved: re-sent upstream, it would fail
+        raise RouterError(400, "invalid_json",
+                          f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
 
 
 async def route(state: RouterState, call: Call, body: dict[str, Any], request: Request) -> None:
@@ -235,7 +286,8 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
         call.tier, call.reason = call.selection.tier, "explicit tier"
         return
     t0 = time.perf_counter()
-    call.score = state.scorer.score_request(body, state.config.classifier.context_turns)
+    scorer = state.scorer_for(call.selection.policy_name)  # a canary policy has its own model
+    call.score = scorer.score_request(body, state.config.classifier.context_turns)
     state.metrics.classifier_seconds.observe(time.perf_counter() - t0)
     ctx = RoutingContext(
         score=call.score,
@@ -296,12 +348,15 @@ class _Attempts:
         log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
         self.failed.append(exc)
 
-    def error(self) -> RouterError:
+    def error(self, call: Call) -> RouterError:
         if not self.failed:
             tiers = ", ".join(self.saturated)
             return RouterError(429, "rate_limited", f"all tiers are at capacity ({tiers}); retry",
                                headers={"retry-after": "1"})  # fmt: skip
-        detail = "; ".join(str(e) for e in self.failed)
+        # Public phrases only: the upstream's body, exception texts and addresses go to the log
+        # (failure() above) and the trace, never to the client.
+        call.error_detail = "; ".join(str(e) for e in self.failed)[:2000]
+        detail = "; ".join(f"{e.tier}: {e.public}" for e in self.failed)
         if any(e.status is not None for e in self.failed):
             return RouterError(502, "upstream_error", f"upstream failed: {detail}")
         return RouterError(503, "upstream_unavailable", f"no tier could answer: {detail}")
@@ -327,7 +382,7 @@ async def call_tiers(
         state.metrics.upstream_seconds.labels(tier.name, "false").observe(time.perf_counter() - t0)
         _note_fallback(state, call, tier)
         return tier, answer
-    raise attempts.error()
+    raise attempts.error(call)
 
 
 def _note_fallback(state: RouterState, call: Call, tier: TierConfig) -> None:
@@ -340,12 +395,25 @@ def _answer(
     state: RouterState, call: Call, result: tuple[TierConfig, UpstreamResponse]
 ) -> Response:
     tier, answer = result
-    call.usage = answer.usage
-    call.cost_usd = tier.price.cost(answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    sent = call.body or {}
+    bound = state.budgets.usage_bound(sent, call.endpoint, tier, call.reserved_nanos)
+    call.usage = checked_usage(answer.usage, bound, lambda: counted_usage(sent, answer.body))
+    _price(call, tier, bound)
+    body = answer.body
+    if not call.usage.reported:  # the client sees what it is charged for, marked as our count
+        body = {**body, "usage": usage_json(call.usage)}
+    call.answer = body
     model = answer.body.get("model")
     call.model = model if isinstance(model, str) else tier.model
-    state.spawn(finish(state, call))
-    return json_response(200, answer.body, call.headers())
+    _finish_once(state, call)
+    return json_response(200, body, call.headers())
+
+
+def _price(call: Call, tier: TierConfig, bound: UsageBound) -> None:
+    """The charge (told to the client, never above the reservation) and the usage's own cost."""
+    assert call.usage is not None
+    cost = priced(call.usage, tier.price, bound)
+    call.cost_usd, call.actual_cost_usd = cost.cost_usd, cost.actual_usd
 
 
 # --- streaming -----------------------------------------------------------------------------------
@@ -374,7 +442,14 @@ async def _open_stream(
         if (limiter := await attempts.admit(state, call, tier)) is None:
             continue
         t0 = time.perf_counter()
-        upstream = state.backends[tier.name].stream(call.endpoint, upstream_body(body, tier, True))
+        try:
+            upstream_req = upstream_body(body, tier, True)
+        except BaseException:
+            limiter.release()
+            raise
+        upstream = state.backends[tier.name].stream(call.endpoint, upstream_req)
+        # Until the response owns the stream (and _client_stream's cleanup), any failure here
+        # gives back the tier's slot and the upstream connection; handle() releases the budget.
         try:
             first = await watch.guard(_first_bytes(upstream, tier), ClientGone)
         except UpstreamError as exc:
@@ -385,14 +460,20 @@ async def _open_stream(
             limiter.release()
             await upstream.aclose()
             raise
-        call.ttft_ms = (time.perf_counter() - call.started) * 1000
-        state.metrics.upstream_seconds.labels(tier.name, "true").observe(time.perf_counter() - t0)
-        _note_fallback(state, call, tier)
-        want = bool((body.get("stream_options") or {}).get("include_usage"))
-        meter = StreamMeter(request=body, want_usage=want)
+        try:
+            call.ttft_ms = (time.perf_counter() - call.started) * 1000
+            seconds = time.perf_counter() - t0
+            state.metrics.upstream_seconds.labels(tier.name, "true").observe(seconds)
+            _note_fallback(state, call, tier)
+            want = bool((body.get("stream_options") or {}).get("include_usage"))
+            meter = StreamMeter(request=body, want_usage=want)
+        except BaseException:
+            limiter.release()
+            await upstream.aclose()
+            raise
         parts = _client_stream(state, call, tier, upstream, first, meter, limiter.release)
         return RelayResponse(parts, headers=call.headers(), watch=watch)
-    raise attempts.error()
+    raise attempts.error(call)
 
 
 async def _first_bytes(upstream: AsyncIterator[bytes], tier: TierConfig) -> bytes:
@@ -411,27 +492,47 @@ async def _client_stream(
     meter: StreamMeter,
     release: Callable[[], None],
 ) -> AsyncIterator[tuple[bytes, bool]]:
-    def cost_of(usage: Usage) -> float:
-        return tier.price.cost(usage.prompt_tokens, usage.completion_tokens)
+    bound = state.budgets.usage_bound(call.body or {}, call.endpoint, tier, call.reserved_nanos)
+    meter.request_id = call.id
+    meter.completion_bound = bound.completion_tokens if bound.completion_enforced else None
+    meter.guard = lambda usage, own_count: checked_usage(usage, bound, own_count)
 
+    def cost_of(usage: Usage) -> float:
+        return priced(usage, tier.price, bound).cost_usd
+
+    finished = False
     try:
         async for part in relay(first, upstream, meter, cost_of):
+            finished = part[1]
             yield part
-        if meter.error:
-            call.status, call.error = 502, meter.error
     except BaseException:
-        call.status, call.error = 499, "client_disconnected"
+        if not finished:  # gone before the end was sent (once it was, the answer is complete)
+            call.status, call.error = 499, "client_disconnected"
         raise
     finally:
         release()
-        await upstream.aclose()  # no-op when finished; otherwise closes the upstream connection
+        if meter.error and call.error is None:
+            call.status, call.error = 502, meter.error
+        # The charge and the trace first: a cancellation landing in the await below must not
+        # skip them.
         call.usage = meter.final_usage()
-        call.cost_usd = cost_of(call.usage)
+        _price(call, tier, bound)
+        call.error_detail = meter.error_detail
         call.model = meter.model or tier.model
-        state.spawn(finish(state, call))
+        call.answer = meter.contents
+        _finish_once(state, call)
+        await upstream.aclose()  # no-op when finished; otherwise closes the upstream connection
 
 
 # --- end of a request ----------------------------------------------------------------------------
+
+
+def _finish_once(state: RouterState, call: Call) -> None:
+    """Queue finish() once per call. It runs after the response is sent, on the call as it
+    stands then: an answer that failed on its way out (after queuing) is settled as a failure."""
+    if not call.finishing:
+        call.finishing = True
+        state.spawn(finish(state, call))
 
 
 async def finish(state: RouterState, call: Call) -> None:
@@ -441,7 +542,8 @@ async def finish(state: RouterState, call: Call) -> None:
     if call.reserved:
         if usage is not None and call.cost_usd is not None:
             tokens = usage.prompt_tokens + usage.completion_tokens
-            await state.budgets.settle(call.id, call.cost_usd, tokens)
+            actual = call.cost_usd if call.actual_cost_usd is None else call.actual_cost_usd
+            await state.budgets.settle(call.id, actual, tokens)
         else:
             await state.budgets.release(call.id)
     # -----------------------------------------------------------------------------------------
@@ -449,6 +551,10 @@ async def finish(state: RouterState, call: Call) -> None:
     m.requests.labels(call.tier or "", call.policy, str(call.status)).inc()
     if call.error:
         m.errors.labels(call.error).inc()
+    if usage is not None and usage.fault is not None:
+        m.usage_faults.labels(call.tier or "", usage.fault).inc()
+        log.warning("request %s: tier %s reported usage it cannot have used (%s): charged for "
+                    "the router's own count instead", call.id, call.tier, usage.fault)
     if usage is not None and call.tier:
         m.tokens.labels(call.tier, "prompt").inc(usage.prompt_tokens)
         m.tokens.labels(call.tier, "completion").inc(usage.completion_tokens)
@@ -464,11 +570,13 @@ async def finish(state: RouterState, call: Call) -> None:
     if state.traces is not None:
         signals = state.signals.trace_signals() if state.signals is not None else None
         state.traces.write(call.trace(signals))
+    if state.shadow is not None:
+        state.shadow.offer(call)  # the answer is handed over; this queues or drops, never waits
 
 
 async def _fail(state: RouterState, call: Call, status: int, code: str, resp: Response) -> Response:
     call.status, call.error = status, code
-    call.usage, call.cost_usd = None, None
-    state.spawn(finish(state, call))
+    call.usage, call.cost_usd, call.actual_cost_usd = None, None, None
+    _finish_once(state, call)
     return resp
 

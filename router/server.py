@@ -21,22 +21,25 @@ from classifiers.inference import ModelLoadError
 from router.app import create_app, load_scorer
 from router.asgi_front import FastPath
 from router.config import RouterConfig
+from router.http_protocol import limited_protocol
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def uvicorn_config(config: RouterConfig, host: str | None = None, port: int | None = None,
                    **app_kwargs: object) -> uvicorn.Config:  # fmt: skip
+    server = config.server
     return uvicorn.Config(
         FastPath(create_app(config, **app_kwargs)),
-        host=host or config.server.host,
-        port=config.server.port if port is None else port,
+        host=host or server.host,
+        port=server.port if port is None else port,
         loop="uvloop",
-        http="httptools",
+        # httptools with the head limits and HTTP/1.0 framing uvicorn lacks there.
+        http=limited_protocol(server.max_header_bytes, server.max_headers, server.body_timeout_s),
         workers=1,
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=max(1, round(config.server.drain_timeout_s)),
+        timeout_graceful_shutdown=max(1, round(server.drain_timeout_s)),
         timeout_keep_alive=30,
         backlog=4096,
         proxy_headers=False,  # we never trust X-Forwarded-*; skips a middleware per request

@@ -1,4 +1,5 @@
-"""Request ids present in the trace files, read incrementally (for POST /v1/feedback).
+"""Request ids present in the trace files, with the team that made each request, read
+incrementally (for POST /v1/feedback, which only the requesting team may send).
 
 Reads the current and rotated trace files from where the last look-up stopped. Up to `max_ids`
 ids are kept; the oldest are forgotten first.
@@ -15,18 +16,21 @@ from trace_format.reader import TraceFormatError, parse_line
 
 
 class TraceIdIndex:
-    """Request ids present in the trace files, read incrementally."""
+    """Request id -> the team that made the request (None: no team known), read incrementally."""
 
     def __init__(self, trace_path: str | Path, backups: int, max_ids: int = 2_000_000) -> None:
         self.trace_path = Path(trace_path)
         self.backups = backups
         self.max_ids = max_ids
-        self._ids: dict[str, None] = {}
+        self._ids: dict[str, str | None] = {}
+        self._teams: dict[str, str] = {}  # one string object per team, not one per id
         self._read_upto: dict[tuple[int, int], int] = {}  # (device, inode) -> bytes consumed
         self._lock = threading.Lock()
 
-    def add(self, request_id: str) -> None:
-        self._ids[request_id] = None
+    def add(self, request_id: str, team: str | None = None) -> None:
+        if team is not None and len(self._teams) < 100_000:
+            team = self._teams.setdefault(team, team)
+        self._ids[request_id] = team
         if len(self._ids) > self.max_ids:
             # dicts keep insertion order: drop the oldest half in one go.
             for stale in list(self._ids)[: self.max_ids // 2]:
@@ -34,6 +38,10 @@ class TraceIdIndex:
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._ids
+
+    def team(self, request_id: str) -> str | None:
+        """The requesting team of a known id (None when unknown or recorded without one)."""
+        return self._ids.get(request_id)
 
     def _files(self) -> Iterable[Path]:
         # Oldest first, so ids are added in time order.
@@ -63,9 +71,10 @@ class TraceIdIndex:
         end = data.rfind(b"\n") + 1  # a half-written last line waits for the next refresh
         for line in data[:end].splitlines():
             try:
-                rid = parse_line(line, str(path)).get("id")
+                record = parse_line(line, str(path))
             except TraceFormatError:
                 continue  # a line another writer is rewriting, or a newer schema: not ours
+            rid, team = record.get("id"), record.get("team")
             if isinstance(rid, str):
-                self.add(rid)
+                self.add(rid, team if isinstance(team, str) else None)
         self._read_upto[key] = start + end

@@ -1,15 +1,15 @@
-"""Charts of an A/B report: a PNG (matplotlib) or a self-contained HTML page (table + PNG)."""
+"""Charts of an A/B report: a PNG (matplotlib) or a self-contained HTML page (the report's tables
+as HTML tables, then the PNG)."""
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import math
 from pathlib import Path
 
 from classifiers.evaluate import Estimate
-from simulations.ab_report import ABReport, format_table
+from simulations.ab_report import DIFF_CAPTION, ABReport, arm_table, diff_table, heading, srm_line
+from simulations.reports import HtmlTable, html_page
 
 PANELS: list[tuple[str, str, float]] = [
     # (attribute, title, display scale)
@@ -43,8 +43,10 @@ def render_png(report: ABReport) -> bytes:
                color=["#4c72b0" if n == report.control else "#dd8452" for n in names])
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=8)
-    fig.suptitle(f"experiment {report.experiment}: 95% CIs, control arm {report.control!r}",
-                 fontsize=10)
+    how = ("requests as independent" if report.unit == "request"
+           else f"cluster bootstrap by {report.unit}")
+    fig.suptitle(f"experiment {report.experiment}: 95% CIs ({how}), control arm "
+                 f"{report.control!r}", fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -53,14 +55,15 @@ def render_png(report: ABReport) -> bytes:
 
 
 def render_html(report: ABReport) -> str:
-    png = base64.b64encode(render_png(report)).decode()
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>A/B report: {html.escape(report.experiment)}</title></head><body>"
-        f"<h1>A/B report: {html.escape(report.experiment)}</h1>"
-        f"<img alt='per-arm metrics with 95% CI' src='data:image/png;base64,{png}'>"
-        f"<pre>{html.escape(format_table(report))}</pre></body></html>"
-    )
+    """The report page: the per-arm and difference tables as HTML tables, then the chart."""
+    arms_head, arms_rows = arm_table(report)
+    tables = [HtmlTable("per arm, with 95% intervals", arms_head, arms_rows)]
+    if report.comparisons:
+        diff_head, diff_rows = diff_table(report)
+        tables.append(HtmlTable(DIFF_CAPTION + " (* p < 0.05)", diff_head, diff_rows))
+    notes = [*heading(report), srm_line(report) or ""]
+    return html_page(f"A/B report: {report.experiment}", render_png(report), tables, notes,
+                     alt="per-arm metrics with 95% CI")
 
 
 def write_chart(report: ABReport, out: Path) -> None:

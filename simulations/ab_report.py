@@ -14,6 +14,17 @@ test:
 
 Requests are counted whatever their status; cost counts every request (errors cost 0); latency
 uses the successful ones (status < 400).
+
+The table above treats requests as independent, which they are only when each request is
+assigned on its own. When the experiment assigns teams, keys or users (`experiments[].unit`, the
+default is `team`), one unit's requests share an arm and tend to resemble each other, so the
+per-request intervals are too narrow. Then every interval and p-value comes from a **cluster
+bootstrap**: whole units are resampled with replacement within each arm (999 resamples), the
+difference's interval is the percentile interval of the resampled differences and its p-value
+the two-sided bootstrap p; the traffic split is checked on units per arm. The unit is the
+config's (`ab report --config`), else inferred from the traces: among `team`, `key_id` and `user`,
+the field whose every value stays in one arm (the coarsest such), if any value has several
+requests. The report says which unit it resampled and why.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ class ArmStats:
     latency_p50: Estimate
     latency_p95: Estimate
     feedback: Estimate
+    units: int = 0  # assignment units (teams, keys, users) in the arm; = requests per request
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,10 @@ class ABReport:
     # Sample-ratio check (needs the configured weights): chi-square of requests per arm against
     # the weights. A tiny p means assignment or logging is broken and the comparison is suspect.
     srm_p: float | None = None
+    # What was resampled: "request" (independent requests) or the assignment unit ("team", "key",
+    # "user": cluster bootstrap), and why that unit (config or inferred).
+    unit: str = "request"
+    unit_source: str = ""
 
     @property
     def total(self) -> int:
@@ -77,6 +93,9 @@ class ABReport:
 
 
 NAN_EST = Estimate(math.nan, math.nan, math.nan, 0)
+RESAMPLES = 999
+# Trace field that holds each assignment unit's value (policies/experiments.py UnitContext).
+UNIT_FIELDS = {"team": "team", "key": "key_id", "user": "user"}
 
 
 # ---------------------------------------------------------------- reading
@@ -219,21 +238,45 @@ class _ArmData:
     cost: np.ndarray
     latency: np.ndarray
     feedback: np.ndarray
+    # Cluster bootstrap only: each value's assignment unit (0..units-1) and the large flags.
+    units: int = 0
+    cost_unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    tiered_unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    is_large: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    latency_unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    feedback_unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+def _ok_latency(r: dict[str, Any]) -> bool:
+    return r.get("latency_ms") is not None and (r.get("status") or 200) < 400
 
 
 def _arm_data(arm: str, records: list[dict[str, Any]], large: str,
-              feedback: dict[str, float]) -> _ArmData:
+              feedback: dict[str, float], unit_field: str | None = None) -> _ArmData:
     tiered = [r for r in records if r.get("tier")]
-    lat = [r["latency_ms"] for r in records
-           if r.get("latency_ms") is not None and (r.get("status") or 200) < 400]
+    lat = [r["latency_ms"] for r in records if _ok_latency(r)]
     fb = [feedback[r["id"]] if r.get("id") in feedback else r.get("feedback") for r in records]
-    return _ArmData(
+    d = _ArmData(
         arm=arm, n=len(records), k_large=sum(r["tier"] == large for r in tiered),
         n_tiered=len(tiered),
         cost=np.asarray([r.get("cost_usd") or 0.0 for r in records], dtype=np.float64),
         latency=np.asarray(lat, dtype=np.float64),
         feedback=np.asarray([f for f in fb if f is not None], dtype=np.float64),
+        units=len(records),
     )
+    if unit_field is None:
+        return d
+    # A record without the unit's value is its own unit (the proxy assigns none such: defensive).
+    index: dict[Any, int] = {}
+    unit = np.asarray([index.setdefault(r.get(unit_field) or ("", i), len(index))
+                       for i, r in enumerate(records)], dtype=np.int64)
+    d.units = len(index)
+    d.cost_unit = unit
+    d.tiered_unit = unit[[i for i, r in enumerate(records) if r.get("tier")]]
+    d.is_large = np.asarray([r["tier"] == large for r in tiered], dtype=np.float64)
+    d.latency_unit = unit[[i for i, r in enumerate(records) if _ok_latency(r)]]
+    d.feedback_unit = unit[[i for i, f in enumerate(fb) if f is not None]]
+    return d
 
 
 def _arm_stats(d: _ArmData, total: int) -> ArmStats:
@@ -241,7 +284,7 @@ def _arm_stats(d: _ArmData, total: int) -> ArmStats:
         arm=d.arm, requests=d.n, traffic=wilson(d.n, total),
         large_share=wilson(d.k_large, d.n_tiered), cost_per_1k=mean_ci(d.cost, 1000.0),
         latency_p50=quantile_ci(d.latency, 0.5), latency_p95=quantile_ci(d.latency, 0.95),
-        feedback=mean_ci(d.feedback),
+        feedback=mean_ci(d.feedback), units=d.units,
     )
 
 
@@ -259,6 +302,169 @@ def _compare(d: _ArmData, c: _ArmData, seed: int) -> list[Comparison]:
     return out
 
 
+# ---------------------------------------------------------------- cluster bootstrap
+
+
+def _unit_weights(units: int, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """(resamples, units): how often each unit is drawn when `units` are drawn with replacement."""
+    return rng.multinomial(units, np.full(units, 1.0 / units), size=resamples).astype(np.float64)
+
+
+def _ratio(w: np.ndarray, values: np.ndarray, unit: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Per resample: the mean of `values` over the drawn units' requests (NaN if none drawn)."""
+    g = w.shape[1]
+    num = w @ np.bincount(unit, weights=values, minlength=g)
+    den = w @ np.bincount(unit, minlength=g).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan) * scale
+
+
+def _weighted_quantile(w: np.ndarray, values: np.ndarray, unit: np.ndarray, q: float) -> np.ndarray:
+    """Per resample: the q-quantile of the drawn units' values (each drawn as often as its unit).
+    Resamples are taken in chunks so memory stays bounded on large traces."""
+    out = np.full(w.shape[0], np.nan)
+    if values.size == 0:
+        return out
+    order = np.argsort(values, kind="stable")
+    v, u = values[order], unit[order]
+    chunk = max(1, 4_000_000 // v.size)
+    for lo in range(0, w.shape[0], chunk):
+        cum = np.cumsum(w[lo:lo + chunk][:, u], axis=1)  # (chunk, requests), sorted by value
+        total = cum[:, -1]
+        idx = (cum < (q * total)[:, None]).sum(axis=1)
+        ok = total > 0
+        out[lo:lo + chunk][ok] = v[np.minimum(idx[ok], v.size - 1)]
+    return out
+
+
+def _replicates(d: _ArmData, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Each metric's bootstrap distribution, resampling the arm's units."""
+    w = _unit_weights(d.units, rng, RESAMPLES)
+    return {
+        "large_share": _ratio(w, d.is_large, d.tiered_unit),
+        "cost_per_1k": _ratio(w, d.cost, d.cost_unit, 1000.0),
+        "latency_p50": _weighted_quantile(w, d.latency, d.latency_unit, 0.5),
+        "latency_p95": _weighted_quantile(w, d.latency, d.latency_unit, 0.95),
+        "feedback": _ratio(w, d.feedback, d.feedback_unit),
+    }
+
+
+def _percentile_ci(value: float, dist: np.ndarray, n: int) -> Estimate:
+    finite = dist[np.isfinite(dist)]
+    if n == 0 or math.isnan(value):
+        return NAN_EST
+    if finite.size < 2:
+        return Estimate(value, math.nan, math.nan, n)
+    lo, hi = np.percentile(finite, [2.5, 97.5])
+    return Estimate(value, float(lo), float(hi), n)
+
+
+def _bootstrap_p(dist: np.ndarray) -> float:
+    finite = dist[np.isfinite(dist)]
+    if finite.size == 0:
+        return math.nan
+    return min(1.0, 2 * min(float(np.mean(finite <= 0)), float(np.mean(finite >= 0))))
+
+
+# Each metric: the ArmStats attribute, the Comparison metric name, the point estimate.
+_METRICS: list[tuple[str, str, Any]] = [
+    ("large_share", "large_share",
+     lambda d: d.k_large / d.n_tiered if d.n_tiered else math.nan),
+    ("cost_per_1k", "cost_per_1k", lambda d: float(np.mean(d.cost)) * 1000 if d.n else math.nan),
+    ("latency_p50", "latency_p50_ms",
+     lambda d: float(np.quantile(d.latency, 0.5)) if d.latency.size else math.nan),
+    ("latency_p95", "latency_p95_ms",
+     lambda d: float(np.quantile(d.latency, 0.95)) if d.latency.size else math.nan),
+    ("feedback", "feedback",
+     lambda d: float(np.mean(d.feedback)) if d.feedback.size else math.nan),
+]
+
+
+def _metric_n(d: _ArmData, attr: str) -> int:
+    if attr.startswith("latency"):
+        return int(d.latency.size)
+    if attr == "feedback":
+        return int(d.feedback.size)
+    return int(d.n_tiered if attr == "large_share" else d.n)
+
+
+def _traffic(
+    data: dict[str, _ArmData], rng: np.random.Generator, total: int
+) -> dict[str, Estimate]:
+    """Each arm's share of the requests, resampling all units of the experiment together."""
+    arms = list(data)
+    sizes = np.concatenate([np.bincount(data[a].cost_unit, minlength=data[a].units) for a in arms])
+    owner = np.concatenate([np.full(data[a].units, i) for i, a in enumerate(arms)])
+    w = _unit_weights(sizes.size, rng, RESAMPLES)
+    drawn = w @ sizes
+    out = {}
+    for i, a in enumerate(arms):
+        dist = (w @ np.where(owner == i, sizes, 0)) / drawn
+        out[a] = _percentile_ci(data[a].n / total, dist, data[a].n)
+    return out
+
+
+def _clustered(data: dict[str, _ArmData], control: str, total: int,
+               seed: int) -> tuple[list[ArmStats], list[Comparison]]:
+    """Per-arm estimates and differences from a cluster bootstrap over assignment units."""
+    reps = {a: _replicates(d, np.random.default_rng([seed, i])) for i, (a, d) in
+            enumerate(data.items())}
+    traffic = _traffic(data, np.random.default_rng([seed, len(data)]), total)
+    arms = []
+    for a, d in data.items():
+        est = {attr: _percentile_ci(point(d), reps[a][attr], _metric_n(d, attr))
+               for attr, _, point in _METRICS}
+        arms.append(ArmStats(arm=a, requests=d.n, traffic=traffic[a], units=d.units, **est))
+    comparisons = []
+    c = data[control]
+    for a, d in data.items():
+        if a == control:
+            continue
+        for attr, metric, point in _METRICS:
+            n1, n0 = _metric_n(d, attr), _metric_n(c, attr)
+            if min(n1, n0) == 0:
+                comparisons.append(Comparison(metric, a, control, NAN_EST, math.nan,
+                                              "cluster bootstrap"))
+                continue
+            dist = reps[a][attr] - reps[control][attr]
+            diff = _percentile_ci(point(d) - point(c), dist, n1 + n0)
+            comparisons.append(Comparison(metric, a, control, diff, _bootstrap_p(dist),
+                                          "cluster bootstrap"))
+    return arms, comparisons
+
+
+def assignment_unit(records: list[dict[str, Any]], configured: str | None) -> tuple[str, str]:
+    """(unit to resample, why): "request" or a key of UNIT_FIELDS."""
+    if configured in UNIT_FIELDS:
+        return configured, "the experiment's unit in the config"
+    if configured == "header":
+        return "request", ("the experiment's unit is a header, whose values the trace does not "
+                           "record: requests are resampled as if independent, so intervals may "
+                           "be too narrow")
+    if configured not in (None, "request"):
+        raise ReportError(f"unknown assignment unit {configured!r} "
+                          f"(known: request, {', '.join(UNIT_FIELDS)}, header)")
+    if configured == "request":
+        return "request", "each request assigned on its own"
+    best: tuple[int, str] | None = None
+    for unit, key in UNIT_FIELDS.items():
+        arms: dict[Any, set[str]] = {}
+        for r in records:
+            value = r.get(key)
+            if value is None:
+                break
+            arms.setdefault(value, set()).add(r["arm"])
+        else:
+            pure = all(len(a) == 1 for a in arms.values())
+            if pure and len(arms) < len(records) and (best is None or len(arms) < best[0]):
+                best = (len(arms), unit)
+    if best is None:
+        return "request", ("no team, key or user stays in one arm in the traces: requests "
+                           "treated as independent")
+    return best[1], (f"inferred from the traces: every {best[1]}'s requests are in one arm "
+                     "(pass --config for the experiment's own unit)")
+
+
 def sample_ratio_p(counts: dict[str, int], weights: dict[str, float]) -> float:
     arms = sorted(weights)
     observed = np.asarray([counts.get(a, 0) for a in arms], dtype=np.float64)
@@ -272,7 +478,9 @@ def sample_ratio_p(counts: dict[str, int], weights: dict[str, float]) -> float:
 def build_report(records: list[dict[str, Any]], experiment: str,
                  feedback: dict[str, float] | None = None, large_tier: str | None = None,
                  control: str | None = None, seed: int = 0,
-                 weights: dict[str, float] | None = None) -> ABReport:
+                 weights: dict[str, float] | None = None, unit: str | None = None) -> ABReport:
+    """`unit`: the experiment's assignment unit (team, key, user, header), "request", or None to
+    infer it from the traces (see the module docstring)."""
     if not records:
         raise ReportError(f"no traced requests for experiment {experiment!r}")
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -284,16 +492,23 @@ def build_report(records: list[dict[str, Any]], experiment: str,
     elif control not in by_arm:
         raise ReportError(f"control arm {control!r} has no requests; arms: {arms}")
     large = large_tier or infer_large_tier(records)
-    data = {a: _arm_data(a, by_arm[a], large, feedback or {}) for a in arms}
-    report = ABReport(experiment, control, large, [_arm_stats(data[a], len(records)) for a in arms])
-    for a in arms:
-        if a != control:
-            report.comparisons += _compare(data[a], data[control], seed)
+    resampled, why = assignment_unit(records, unit)
+    unit_field = UNIT_FIELDS.get(resampled)
+    data = {a: _arm_data(a, by_arm[a], large, feedback or {}, unit_field) for a in arms}
+    report = ABReport(experiment, control, large, [], unit=resampled, unit_source=why)
+    if unit_field is None:
+        report.arms = [_arm_stats(data[a], len(records)) for a in arms]
+        for a in arms:
+            if a != control:
+                report.comparisons += _compare(data[a], data[control], seed)
+    else:
+        report.arms, report.comparisons = _clustered(data, control, len(records), seed)
     if weights:
         unknown = sorted(set(by_arm) - set(weights))
         if unknown:
             raise ReportError(f"traces have arms {unknown} that the config does not list")
-        report.srm_p = sample_ratio_p({a: len(by_arm[a]) for a in arms}, weights)
+        # Assignment hashes units, so the split to check is of units, not of their requests.
+        report.srm_p = sample_ratio_p({a: data[a].units for a in arms}, weights)
     return report
 
 
@@ -348,24 +563,62 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def resampling_note(report: ABReport) -> str:
+    """One line: what the intervals resample, and why."""
+    if report.unit == "request":
+        return f"intervals treat requests as independent ({report.unit_source})"
+    units = sum(a.units for a in report.arms)
+    return (f"assignment unit {report.unit} ({report.unit_source}): intervals and p-values "
+            f"resample whole {report.unit}s ({units} {report.unit}s, cluster bootstrap, "
+            f"{RESAMPLES} resamples), not requests, since one {report.unit}'s requests are not "
+            "independent")
+
+
+def heading(report: ABReport) -> list[str]:
+    return [f"experiment {report.experiment}: {report.total} requests, control arm "
+            f"{report.control!r}, large tier {report.large_tier!r}; values with 95% CI",
+            resampling_note(report)]
+
+
+def arm_table(report: ABReport) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the per-arm table, as the text and the HTML report show it."""
+    rows = [[name, *[fn(a) for a in report.arms]] for name, fn in ROWS]
+    if report.unit != "request":
+        rows.insert(1, [f"{report.unit}s", *[str(a.units) for a in report.arms]])
+    return ["metric", *[a.arm for a in report.arms]], rows
+
+
+def srm_line(report: ABReport) -> str | None:
+    if report.srm_p is None:
+        return None
+    verdict = "MISMATCH: check assignment/logging" if report.srm_p < 0.001 else "ok"
+    counted = "requests" if report.unit == "request" else f"{report.unit}s"
+    return (f"traffic split ({counted} per arm) vs configured weights: chi-square "
+            f"p={_fmt_p(report.srm_p)} ({verdict})")
+
+
+DIFF_CAPTION = "difference vs control (arm - control), 95% CI, test, p-value"
+
+
+def diff_table(report: ABReport) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the differences from the control; a `*` marks p < 0.05."""
+    rows = []
+    for c in report.comparisons:
+        digits, pct = DIFF_FORMAT[c.metric]
+        sig = "*" if not math.isnan(c.p_value) and c.p_value < 0.05 else ""
+        rows.append([c.metric, f"{c.arm} - {c.control}", _fmt(c.diff, digits, pct),
+                     c.test, _fmt_p(c.p_value) + sig])
+    return ["metric", "arms", "difference", "test", "p"], rows
+
+
 def format_table(report: ABReport) -> str:
-    lines = [f"experiment {report.experiment}: {report.total} requests, control arm "
-             f"{report.control!r}, large tier {report.large_tier!r}; values with 95% CI", ""]
-    lines += _table(["metric", *[a.arm for a in report.arms]],
-                    [[name, *[fn(a) for a in report.arms]] for name, fn in ROWS])
-    if report.srm_p is not None:
-        verdict = "MISMATCH: check assignment/logging" if report.srm_p < 0.001 else "ok"
-        lines += ["", f"traffic split vs configured weights: chi-square p={_fmt_p(report.srm_p)}"
-                      f" ({verdict})"]
+    lines = [*heading(report), ""]
+    lines += _table(*arm_table(report))
+    if (srm := srm_line(report)) is not None:
+        lines += ["", srm]
     if report.comparisons:
-        lines += ["", "difference vs control (arm - control), 95% CI, test, p-value", ""]
-        rows = []
-        for c in report.comparisons:
-            digits, pct = DIFF_FORMAT[c.metric]
-            sig = "*" if not math.isnan(c.p_value) and c.p_value < 0.05 else ""
-            rows.append([c.metric, f"{c.arm} - {c.control}", _fmt(c.diff, digits, pct),
-                         c.test, _fmt_p(c.p_value) + sig])
-        lines += _table(["metric", "arms", "difference", "test", "p"], rows)
+        lines += ["", DIFF_CAPTION, ""]
+        lines += _table(*diff_table(report))
         lines += ["", "* p < 0.05"]
     return "\n".join(lines)
 

@@ -2,10 +2,13 @@
 
 The command layer (router/commands/simulate.py) builds a `SimConfig` from a router config's
 sections (`SimConfig.from_sections`); without a config file the simulator uses its defaults
-(`SIMULATOR_DEFAULTS`): the prices of the shared RouteLLM data's README (large $10/$30, small
-$0.60/$0.60 per million tokens) and one `threshold` policy, so `cost-router tune` works on the data
-out of the box. The defaults are a document shaped like those sections of a router config, so the
-command layer applies the same `COST_ROUTER__*` environment overrides to a copy of it before
+(`SIMULATOR_DEFAULTS`), which are the proxy's embedded defaults (`cost-router serve` without a
+config, router/demo.py): the same tier prices (backends/example_prices.py, the RouteLLM data
+README's: large $10/$30, small $0.60/$0.60 per million tokens), no `policies:` section, so the
+built-in default policy routes between the cheapest and the priciest tier at the classifier
+card's `default_threshold` (policies/registry.py `default_policy`), and the classifier's and
+budgets' defaults. The defaults are a document shaped like those sections of a router config, so
+the command layer applies the same `COST_ROUTER__*` environment overrides to a copy of it before
 `from_document` validates it.
 """
 
@@ -19,24 +22,22 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from backends.config import Price, TierConfig
+from backends.example_prices import EXAMPLE_PRICES
 from classifiers.config import ClassifierConfig
 from policies.config import BudgetsConfig, ConfigError, PolicyConfig, TeamConfig
 from policies.registry import PolicyEnv, check_routing, tiers_by_price
 
 DEFAULT_POLICY = "balanced"
 
-# The simulator's defaults, the sections of a router config it reads: tiers (name and price
-# only: nothing is called), policies, default_policy, classifier, teams, budgets. Read-only: use
-# `defaults_document()` for a copy to change.
+# The simulator's defaults, the sections of a router config it reads, as the embedded demo sets
+# them: tiers (name and price only: nothing is called), policies (none: the built-in default
+# policy at the card's threshold), default_policy, classifier, teams, budgets. Read-only: use
+# `defaults_document()` for a copy to change. tests/simulations/test_sim_defaults.py checks them
+# against router/demo.py's config.
 SIMULATOR_DEFAULTS: Mapping[str, Any] = {
-    "tiers": [
-        {"name": "small", "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6}},
-        {"name": "large", "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0}},
-    ],
+    "tiers": [{"name": name, "price": p.model_dump()} for name, p in EXAMPLE_PRICES.items()],
     "default_policy": DEFAULT_POLICY,
-    "policies": {
-        DEFAULT_POLICY: {"type": "threshold", "small": "small", "large": "large", "threshold": 0.5}
-    },
+    "policies": {},
     "classifier": {},
     "teams": {},
     "budgets": {},

@@ -25,6 +25,11 @@ class TraceError(ValueError):
     """A trace the simulator cannot replay; the message names the record."""
 
 
+class MissingTimesError(TraceError):
+    """A replay over time needs every record's arrival time ('time') and some have none; the
+    command that raises it knows the remedy (what-if: --arrival-rate) and adds it."""
+
+
 @dataclass(frozen=True)
 class ReplayTrace:
     texts: list[str]  # what the classifier scores
@@ -53,11 +58,15 @@ class ReplayTrace:
     def record(self, i: int) -> str:
         return str(self.names[i]) if self.names is not None else f"{self.source}: record {i}"
 
+    def has_times(self) -> bool:
+        """Every record has an arrival time."""
+        return self.times is not None and not np.isnan(self.times).any()
+
     def require_times(self) -> np.ndarray:
         """Arrival times, checked present and sorted (the error names the first bad record)."""
         if self.times is None or np.isnan(self.times).any():
             i = 0 if self.times is None else int(np.flatnonzero(np.isnan(self.times))[0])
-            raise TraceError(f"{self.record(i)}: missing field 'time' (arrival timestamp)")
+            raise MissingTimesError(f"{self.record(i)}: missing field 'time' (arrival timestamp)")
         i = first_out_of_order(self.times)
         if i is not None:
             raise TraceError(

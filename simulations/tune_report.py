@@ -21,7 +21,11 @@ def _ci(result: TuneResult, name: str, fmt: str) -> str:
     return f"[{format(iv.low, fmt)}, {format(iv.high, fmt)}]" if iv else "(no bootstrap)"
 
 
-def tune_text(result: TuneResult, policy: str, prices: str, n: int, extra: dict[str, float]) -> str:
+def tune_parts(
+    result: TuneResult, policy: str, prices: str, n: int, extra: dict[str, float]
+) -> tuple[list[str], list[tuple[str, str, str]], str]:
+    """The report's heading lines, its table rows (metric, chosen, 95% CI) and its footnote: what
+    the text report prints and the HTML report shows."""
     r = result
     rows = [
         ("threshold", f"{r.threshold:.4f}", _ci(r, "threshold", ".4f")),
@@ -31,19 +35,26 @@ def tune_text(result: TuneResult, policy: str, prices: str, n: int, extra: dict[
         ("cost / all-large", f"{r.cost_per_1k / r.sweep.cost_large_per_1k:.2%}", ""),
         ("large share", f"{r.large_share:.2%}", _ci(r, "large_share", ".2%")),
     ]
-    head = (
-        f"policy {policy!r}, target {r.target.describe()}, {n} requests; prices {prices}\n"
+    head = [
+        f"policy {policy!r}, target {r.target.describe()}, {n} requests; prices {prices}",
         f"all-large: quality {r.sweep.quality_large:.4f}, ${r.sweep.cost_large_per_1k:.4f}/1k; "
-        f"all-small: quality {r.sweep.quality_small:.4f}, ${r.sweep.cost_small_per_1k:.4f}/1k\n"
-        + ", ".join(f"{k} {v:.3f}" for k, v in extra.items())
-    )
+        f"all-small: quality {r.sweep.quality_small:.4f}, ${r.sweep.cost_small_per_1k:.4f}/1k",
+        ", ".join(f"{k} {v:.3f}" for k, v in extra.items()),
+    ]
     foot = (
         f"95% intervals: Poisson bootstrap ({r.bootstrap_method}), {r.resamples} resamples "
         "(threshold: the rule re-run on "
         f"each resample; others: the chosen threshold's metrics)"
         + (f"; {r.unmet_resamples} resamples met no threshold" if r.unmet_resamples else "")
     )
-    return "\n".join([head, "", reports.table(["", "chosen", "95% CI"], rows), "", foot])
+    return head, rows, foot
+
+
+TABLE_HEADERS = ["", "chosen", "95% CI"]
+
+
+def tune_text(head: list[str], rows: list[tuple[str, str, str]], foot: str) -> str:
+    return "\n".join(["\n".join(head), "", reports.table(TABLE_HEADERS, rows), "", foot])
 
 
 def run_tune(
@@ -59,6 +70,8 @@ def run_tune(
     chart: Path | None,
 ) -> tuple[str, TuneResult]:
     """The report's text and the result (whose threshold the command may write to a config)."""
+    if chart is not None:
+        reports.check_chart_path(chart)  # before the work, not after it
     policy = two_tier_policy(sim, policy_name)
     scores = trace_scores(trace, sim.model_path, recorded_scores)
     inputs = sweep_inputs(sim.prices, trace, scores, policy)
@@ -69,7 +82,9 @@ def run_tune(
         "CPT(50%)": cpt(scores, inputs.quality_small, inputs.quality_large, 0.5),
         "CPT(80%)": cpt(scores, inputs.quality_small, inputs.quality_large, 0.8),
     }
-    text = tune_text(result, policy.name, describe_prices(sim.prices), len(trace), extra)
+    head, rows, foot = tune_parts(result, policy.name, describe_prices(sim.prices), len(trace),
+                                  extra)
+    text = tune_text(head, rows, foot)
     if json_out:
         reports.write_json(
             json_out,
@@ -82,7 +97,11 @@ def run_tune(
         )
     if chart:
         chosen = int(np.argmin(np.abs(result.sweep.thresholds - result.threshold)))
-        reports.pareto_chart(result.sweep, chosen, chart, f"{policy.name}: {tgt.describe()}")
+        reports.pareto_chart(
+            result.sweep, chosen, chart, f"{policy.name}: {tgt.describe()}",
+            tables=[reports.HtmlTable("the chosen threshold", TABLE_HEADERS, rows)],
+            notes=[*head, foot],
+        )
     return text, result
 
 

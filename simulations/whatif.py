@@ -74,6 +74,9 @@ class ScenarioResult:
         }
 
 
+ROUTED = "routed"  # the configured policy's scenario, the one the others are compared with
+
+
 def scenarios(routed_role: np.ndarray) -> list[Scenario]:
     n = routed_role.shape[0]
     large = np.full(n, LARGE)
@@ -83,7 +86,7 @@ def scenarios(routed_role: np.ndarray) -> list[Scenario]:
         Scenario("all-small", "baseline", small, False, False),
         Scenario("all-large + spec decoding", "alone", large, False, True),
         Scenario("all-small quantized", "alone", small, True, False),
-        Scenario("routed", "alone", routed_role, False, False),
+        Scenario(ROUTED, "alone", routed_role, False, False),
         Scenario("routed + quantized small", "combined", routed_role, True, False),
         Scenario("routed + spec decoding on large", "combined", routed_role, False, True),
         Scenario("routed + quantized small + spec", "combined", routed_role, True, True),

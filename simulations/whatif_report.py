@@ -9,7 +9,7 @@ from simulations import reports
 from simulations.replay import trace_scores
 from simulations.sim_config import SimConfig
 from simulations.trace import ReplayTrace
-from simulations.whatif import Levers, poisson_arrivals, spec_summary, what_if
+from simulations.whatif import ROUTED, Levers, poisson_arrivals, spec_summary, what_if
 
 
 def run_whatif(
@@ -23,9 +23,11 @@ def run_whatif(
     json_out: Path | None,
     chart: Path | None,
 ) -> str:
-    if trace.times is None and arrival_rate is not None:
+    if chart is not None:
+        reports.check_chart_path(chart)  # before the work, not after it
+    if arrival_rate is not None and not trace.has_times():
         arrivals = poisson_arrivals(len(trace), arrival_rate, seed)
-        source = f"Poisson arrivals at {arrival_rate:g}/s (the trace has no timestamps)"
+        source = f"Poisson arrivals at {arrival_rate:g}/s (the trace lacks timestamps)"
     else:
         arrivals = trace.require_times()
         source = "the trace's arrival times"
@@ -46,19 +48,26 @@ def run_whatif(
                 f"{p['p95_s']:.3f}",
             )
         )
-    text = f"{len(trace)} requests, {source}\n{spec_summary(levers)}\n\n" + reports.table(
-        ["scenario", "lever", "$/1k", "quality", "large", "busiest tier load", "p50 s", "p95 s"],
-        rows,
-    )
+    headers = ["scenario", "lever", "$/1k", "quality", "large", "busiest tier load", "p50 s",
+               "p95 s"]
+    notes = [f"{len(trace)} requests, {source}", spec_summary(levers)]
     if any(r.max_utilization > 1 for r in results):
-        text += (
-            "\n\nOVERLOADED: a tier gets more work than its concurrency can serve (load > 1); its "
+        notes.append(
+            "OVERLOADED: a tier gets more work than its concurrency can serve (load > 1); its "
             "queue grows for as long as the trace runs. Raise --*-concurrency or lower the rate."
         )
+    text = "\n".join(notes[:2]) + "\n\n" + reports.table(headers, rows)
+    if len(notes) > 2:
+        text += "\n\n" + notes[2]
     if json_out:
         reports.write_json(json_out, [r.row() for r in results])
     if chart:
         reports.latency_chart(
-            {r.name: r.latency.e2e_s for r in results}, chart, "what-if: end-to-end latency"
+            {r.name: r.latency.e2e_s for r in results},
+            chart,
+            "what-if: end-to-end latency per scenario",
+            reference=ROUTED if any(r.name == ROUTED for r in results) else None,
+            tables=[reports.HtmlTable("scenarios", headers, rows)],
+            notes=notes,
         )
     return text

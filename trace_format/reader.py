@@ -16,6 +16,7 @@ import orjson
 from pydantic import ValidationError
 
 from trace_format.feedback import FEEDBACK_FILE
+from trace_format.labels import LABELS_FILE
 from trace_format.routellm_csv import CONTAMINATION_FILE
 from trace_format.schema import SUPPORTED_VERSIONS, TraceRecord
 
@@ -91,11 +92,18 @@ def _rotation(name: str) -> tuple[str, int] | None:
     return (base, int(n)) if dot and base.endswith(".jsonl") and n.isdigit() else None
 
 
+# Prefix of the shadow comparisons' files (router/evaluation): the counterpart tier's answers to
+# sampled requests, kept beside the traces; they are not requests.
+SHADOW_PREFIX = "shadow"
+
+
 def is_trace_file(path: Path) -> bool:
-    """The one rule for a trace file: `*.jsonl` or a rotated `*.jsonl.N`, but not the feedback
-    file (trace_format/feedback.py) nor RouteLLM's contamination file (routellm_csv.py)."""
+    """The one rule for a trace file: `*.jsonl` or a rotated `*.jsonl.N`, but not the files kept
+    beside the traces (the feedback file, trace_format/feedback.py; the label file,
+    trace_format/labels.py; shadow answers, `shadow*.jsonl`) nor RouteLLM's contamination file
+    (routellm_csv.py)."""
     name = path.name
-    if name in (FEEDBACK_FILE, CONTAMINATION_FILE):
+    if name in (FEEDBACK_FILE, LABELS_FILE, CONTAMINATION_FILE) or name.startswith(SHADOW_PREFIX):
         return False
     return name.endswith(".jsonl") or _rotation(name) is not None
 

@@ -54,6 +54,9 @@ class TraceRecord(BaseModel):
     prompt_tokens: int | None = Field(default=None, ge=0)
     completion_tokens: int | None = Field(default=None, ge=0)
     cost_usd: float | None = Field(default=None, ge=0)
+    # True when the token counts are the router's own (the upstream reported none, or usage the
+    # router could not use); absent when they are the upstream's.
+    usage_estimated: bool | None = None
     latency_ms: float | None = Field(default=None, ge=0)
     ttft_ms: float | None = Field(default=None, ge=0)
     status: int | None = None

@@ -16,12 +16,27 @@ from policies.budgets.money import nanos_to_usd
 TEMPLATE_ALLOWANCE_TOKENS = 64
 
 
-def requested_max_tokens(body: dict[str, Any]) -> int | None:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+# The completion bounds each endpoint's upstream obeys. vLLM's chat endpoint honours both names
+# (OpenAI's new one first), its completions endpoint only `max_tokens`: reading the other name
+# there reserved for 1 token while the upstream generated 100,000.
+BOUND_FIELDS: dict[str, tuple[str, ...]] = {
+    "chat/completions": ("max_completion_tokens", "max_tokens"),
+    "completions": ("max_tokens",),
+}
+TOKEN_BOUND_NAMES = ("max_completion_tokens", "max_tokens")
+
+
+def bound_fields(endpoint: str) -> tuple[str, ...]:
+    """The fields that bound the completion on `endpoint` (both names for one we don't know)."""
+    return BOUND_FIELDS.get(endpoint, TOKEN_BOUND_NAMES)
+
+
+def requested_max_tokens(body: dict[str, Any], endpoint: str = "chat/completions") -> int | None:
+    """The largest bound among the fields the endpoint obeys: an upstream that honours either
+    name can never generate more than this."""
+    values = [v for name in bound_fields(endpoint)
+              if isinstance(v := body.get(name), int) and not isinstance(v, bool) and v > 0]
+    return max(values, default=None)
 
 
 def choices_requested(body: dict[str, Any]) -> int:
@@ -61,12 +76,15 @@ class WorstCase:
 
 
 def worst_case(
-    body: dict[str, Any], price: Price, default_max_tokens: int, mode: str = "bytes"
+    body: dict[str, Any], price: Price, default_max_tokens: int, mode: str = "bytes",
+    endpoint: str = "chat/completions",
 ) -> WorstCase:
     """prompt tokens x input price + max_tokens x output price (default when absent), per choice.
+    `endpoint` decides which field is the bound (`requested_max_tokens`).
 
     Monotone in both token counts (`Price.cost_nanos`), so the worst case is never below the
     actual cost of the same request."""
     prompt = prompt_token_bound(body, mode)
-    completion = (requested_max_tokens(body) or default_max_tokens) * choices_requested(body)
+    bound = requested_max_tokens(body, endpoint) or default_max_tokens
+    completion = bound * choices_requested(body)
     return WorstCase(prompt, completion, price.cost_nanos(prompt, completion))

@@ -1,8 +1,9 @@
 """The one place that builds the configured budget store and, next to it, the run-time key store.
 
-Run-time API keys live where the budgets live: in Redis when the budget store is Redis (sharing
-its connection pool), in process otherwise. Adding a store kind is one builder in STORE_KINDS plus
-its kit in `KITS` of tests/policies/budgets/test_store_conformance.py (the suite fails without one).
+Run-time API keys live where the budgets live: in Redis when the budget store is Redis or a Redis
+Cluster (sharing its client), in process otherwise. Adding a store kind is one builder in
+STORE_KINDS plus its kit in `KITS` of tests/policies/budgets/test_store_conformance.py (the
+suite fails without one).
 """
 
 from __future__ import annotations
@@ -35,11 +36,23 @@ def _redis(cfg: BudgetsConfig, clock: Clock) -> Stores:
     return store, RedisKeyStore(store.redis, cfg.key_prefix)
 
 
+def _redis_cluster(cfg: BudgetsConfig, clock: Clock) -> Stores:
+    from policies.budgets.redis_cluster_store import RedisClusterBudgetStore
+
+    log.info("budgets: Redis Cluster store, seed node %s (prefix %r, fail_mode %s, lease %.0fs)",
+             _redacted(cfg.redis_url), cfg.key_prefix, cfg.fail_mode, cfg.lease_s)
+    store = RedisClusterBudgetStore(cfg, clock=clock)
+    return store, RedisKeyStore(store.redis, cfg.key_prefix)
+
+
 # budgets.store -> builder: the one list of store kinds (the config accepts exactly these).
 STORE_KINDS: dict[str, Callable[[BudgetsConfig, Clock], Stores]] = {
     "memory": _memory,
     "redis": _redis,
+    "redis-cluster": _redis_cluster,
 }
+# The kinds whose state lives outside the proxy (shared by replicas, managed by the commands).
+SHARED_KINDS = ("redis", "redis-cluster")
 
 
 def check_store_kind(kind: str) -> None:

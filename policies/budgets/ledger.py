@@ -15,6 +15,9 @@ class LedgerEntry:
     kind: str  # settle | direct (no live reservation) | reset (operator zeroed the windows)
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (scope, period id) touched
     time: float = 0.0
+    # The actual cost past the reservation, not charged (a tokenizer mismatch: the upstream
+    # counted more prompt tokens than the estimate allowed). Never part of `nanos` or spend.
+    overage_nanos: int = 0
 
     @property
     def periods(self) -> dict[str, str]:

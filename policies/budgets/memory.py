@@ -21,6 +21,8 @@ from policies.budgets.store import (
     Reservation,
     ScopeStatus,
     Settlement,
+    SpendStanding,
+    capped_charge,
 )
 from policies.config import BudgetLimit
 
@@ -145,10 +147,11 @@ class InMemoryBudgetStore(BudgetStore):
                 if limit.tpm is not None and st.window_tokens + tokens > limit.tpm:
                     raise BudgetExceeded(scope.label(name), "tpm", to_next_minute)
                 if limit.limit_usd is not None:
-                    used = st.spent.get(win.id, 0) + st.reserved
-                    if used + amount > usd_to_nanos(limit.limit_usd):
+                    spent, cap = st.spent.get(win.id, 0), usd_to_nanos(limit.limit_usd)
+                    if spent + st.reserved + amount > cap:
+                        standing = SpendStanding(limit.period, cap, spent, st.reserved, amount)
                         raise BudgetExceeded(scope.label(name), "budget",
-                                             win.seconds_to_reset(now))
+                                             win.seconds_to_reset(now), standing=standing)
             plan.append((name, st, win.id))
         for _, st, _ in plan:
             st.reserved += amount
@@ -168,21 +171,21 @@ class InMemoryBudgetStore(BudgetStore):
         res = self._local.pop(request_id, None)
         if res is None:
             raise KeyError(f"unknown reservation {request_id!r}")
-        actual = usd_to_nanos(actual_usd)
+        charge = capped_charge(usd_to_nanos(actual_usd), tokens, res)
         held = self._held.pop(request_id, None)
         kind = "settle" if held is not None else "direct"
         for name, pid in res.periods.items():
             st = self._scope(res.team, name)
             if held is not None:
                 st.reserved -= res.amount_nanos
-            st.spent[pid] = st.spent.get(pid, 0) + actual
+            st.spent[pid] = st.spent.get(pid, 0) + charge.nanos
             if st.window_minute == res.minute:
-                st.window_tokens += tokens - res.tokens
-        self._done[request_id] = (actual, now)
+                st.window_tokens += charge.tokens - res.tokens
+        self._done[request_id] = (charge.nanos, now)
         self._ledger.setdefault(res.team, []).append(
-            LedgerEntry(request_id, res.team, res.key_id, actual, kind,
-                        sorted(res.periods.items()), now))
-        return Settlement(request_id, actual)
+            LedgerEntry(request_id, res.team, res.key_id, charge.nanos, kind,
+                        sorted(res.periods.items()), now, charge.overage_nanos))
+        return Settlement(request_id, charge.nanos, overage_nanos=charge.overage_nanos)
 
     async def release(self, request_id: str) -> None:
         res = self._local.pop(request_id, None)
@@ -219,7 +222,7 @@ class InMemoryBudgetStore(BudgetStore):
         name = scope_name(key_id)
         st = self._scope(team, name)
         now = self.clock()
-        # The current daily, monthly and total windows: whatever period the limit uses.
+        # The current window of every period: whatever period the limit uses.
         pids = {w.id for w in self.windows(now).values()}
         wiped = sum(st.spent.pop(pid, 0) for pid in pids)
         self._ledger.setdefault(team, []).append(

@@ -1,4 +1,5 @@
-"""Budget periods (daily, monthly, total) in the configured zone, and the rpm/tpm minute."""
+"""Budget periods (hourly, daily, weekly, monthly, total) in the configured zone, and the rpm/tpm
+minute."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-PERIODS = ("daily", "monthly", "total")  # the Redis scripts take their windows in this order
+# Every period a limit may use (policies/config.py BudgetLimit.period lists the same names). The
+# Redis scripts take the current window of each, in this order, from the Python side.
+PERIODS = ("hourly", "daily", "weekly", "monthly", "total")
 
 
 @dataclass(frozen=True, slots=True)
 class PeriodWindow:
-    id: str  # names the period in storage keys: d20261130, m202611, total
+    id: str  # names the period in storage keys: h2026113009+0000, d20261130, w2026W49, m202611
     start: float  # UNIX seconds
     end: float | None  # None for 'total' (never resets)
 
@@ -26,10 +29,22 @@ class PeriodWindow:
 
 
 def period_window(period: str, now: float, zone: ZoneInfo) -> PeriodWindow:
-    """The period containing `now`, with boundaries at local midnight / the 1st in `zone`."""
+    """The period containing `now`, with boundaries at the local hour, midnight, Monday midnight
+    or the 1st in `zone`."""
     if period == "total":
         return PeriodWindow("total", 0.0, None)
     local = datetime.fromtimestamp(now, zone)
+    if period == "hourly":
+        start = local.replace(minute=0, second=0, microsecond=0)
+        # The UTC offset is in the id: the hour a DST change repeats is a new window, not the
+        # same one twice. An hour is 3600 s even across DST changes.
+        return PeriodWindow(f"h{start:%Y%m%d%H%z}", start.timestamp(), start.timestamp() + 3600)
+    if period == "weekly":
+        midnight = local.replace(hour=0, minute=0, second=0, microsecond=0).replace(tzinfo=None)
+        start = (midnight - timedelta(days=local.weekday())).replace(tzinfo=zone)  # ISO: Monday
+        nxt = (start.replace(tzinfo=None) + timedelta(days=7)).replace(tzinfo=zone)
+        year, week, _ = start.isocalendar()
+        return PeriodWindow(f"w{year}W{week:02d}", start.timestamp(), nxt.timestamp())
     if period == "daily":
         start = local.replace(hour=0, minute=0, second=0, microsecond=0)
         # Add a calendar day in local time; re-localise so DST days are 23 or 25 hours long.

@@ -15,15 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+import traceback
 from collections import OrderedDict
 from importlib import resources
 from typing import Any
 
 import orjson
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -42,14 +52,28 @@ from policies.budgets.store import (
     Reservation,
     ScopeStatus,
     Settlement,
+    SpendStanding,
+    capped_charge,
 )
 from policies.config import BudgetLimit, BudgetsConfig
 
 log = logging.getLogger("cost_router.budgets.redis")
 
-# OSError covers a refused or reset socket that redis-py did not wrap.
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+# OSError covers a refused or reset socket that redis-py did not wrap. The others are a Redis
+# Cluster that is down or mid-failover (CLUSTERDOWN, TRYAGAIN, a slot no live master serves, a
+# READONLY replica that was a master, a MOVED/ASK the cluster client gave up on, or that a plain
+# client got from a cluster node): for a request, the same as an unreachable Redis.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterError,
+               RedisClusterException, TryAgainError, ReadOnlyError, AskError)
 SCRIPTS = ("reserve", "settle", "release", "sweep", "status", "reset", "renew")
+# Writes that WAIT for budgets.redis_wait_replicas: a lost one is a lost hold or charge.
+DURABLE = frozenset({"reserve", "settle"})
+
+
+class NotReplicated(RedisConnectionError):
+    """Fewer replicas than budgets.redis_wait_replicas confirmed a reserve or settle in time:
+    handled as an outage, so a failover cannot lose it unseen (a reserve is not used, a settle
+    is journaled and re-applied, idempotently, until enough replicas confirm it)."""
 
 
 def _script_text(name: str) -> str:
@@ -57,6 +81,29 @@ def _script_text(name: str) -> str:
     prelude = (pkg / "reclaim.lua").read_text(encoding="utf-8")
     body = (pkg / f"{name}.lua").read_text(encoding="utf-8")
     return prelude + "\n" + body if name != "reset" else body
+
+
+def connection_options(cfg: BudgetsConfig) -> dict[str, Any]:
+    """Client options shared by the single-Redis and the cluster client."""
+    return {
+        "socket_timeout": cfg.redis_timeout_s,
+        "socket_connect_timeout": cfg.redis_timeout_s,
+        "max_connections": 512,
+        # One quick retry: reserve and settle are idempotent by request id, and an outage must
+        # be reported within ~redis_timeout_s, not after seconds of backoff.
+        "retry": Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
+    }
+
+
+def transport_race(exc: BaseException) -> bool:
+    """An AttributeError/TypeError raised inside redis-py or asyncio's transport: a connection
+    closed (the peer died, a failover) while it was being written to. redis-py lets these out
+    instead of a ConnectionError (redis/redis-py#4287); to the store they are an outage."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_TRANSPORT_DIRS)
+
+
+_TRANSPORT_DIRS = (os.path.dirname(redis.__file__), os.path.dirname(asyncio.__file__))
 
 
 def _s(value: Any) -> str:
@@ -73,15 +120,10 @@ class RedisBudgetStore(BudgetStore):
         self.cfg = cfg
         self.prefix = cfg.key_prefix
         self.fail_open = cfg.fail_mode == "open"
-        self.redis = client or aioredis.Redis.from_url(
-            cfg.redis_url,
-            socket_timeout=cfg.redis_timeout_s,
-            socket_connect_timeout=cfg.redis_timeout_s,
-            max_connections=512,
-            # One quick retry: reserve and settle are idempotent by request id, and an outage
-            # must be reported within ~redis_timeout_s, not after seconds of backoff.
-            retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
-        )
+        self.redis = client or self._connect(cfg)
+        # Writes whose WAIT got fewer replicas than budgets.redis_wait_replicas (a failover now
+        # could lose them).
+        self.unreplicated = 0
         self._scripts = {n: self.redis.register_script(_script_text(n)) for n in SCRIPTS}
         self.journal = Journal(cfg.journal_path)
         # Recent settles of this replica: a repeated settle is answered without a round trip
@@ -89,8 +131,42 @@ class RedisBudgetStore(BudgetStore):
         self._settled: OrderedDict[str, Settlement] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
+    def _connect(self, cfg: BudgetsConfig) -> Any:
+        return aioredis.Redis.from_url(cfg.redis_url, **connection_options(cfg))
+
     def keys(self, team: str) -> TeamKeys:
         return TeamKeys(self.prefix, team)
+
+    def _node_client(self, key: str) -> Any:
+        """A client whose pipeline runs on one connection to the node holding `key` (WAIT
+        counts the replicas of that connection's own writes)."""
+        return self.redis
+
+    async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a budget script (see _run_script); a transport race is an unreachable Redis."""
+        try:
+            return await self._run_script(name, keys, args)
+        except (AttributeError, TypeError) as exc:
+            if not transport_race(exc):
+                raise
+            raise RedisConnectionError(f"connection closed during a write: {exc!r}") from exc
+
+    async def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """For reserve and settle with budgets.redis_wait_replicas, WAIT on the same connection
+        until that many replicas have the write."""
+        script = self._scripts[name]
+        if not self.cfg.redis_wait_replicas or name not in DURABLE:
+            return await script(keys=keys, args=args)
+        pipe = self._node_client(keys[0]).pipeline(transaction=False)
+        await script(keys=keys, args=args, client=pipe)  # queued; loaded by the pipeline
+        pipe.wait(self.cfg.redis_wait_replicas, self.cfg.redis_wait_timeout_ms)
+        reply, acked = await pipe.execute()
+        if int(acked) < self.cfg.redis_wait_replicas:
+            self.unreplicated += 1
+            raise NotReplicated(
+                f"{name} of {args[0]} reached {int(acked)} of {self.cfg.redis_wait_replicas} "
+                f"replica(s) within {self.cfg.redis_wait_timeout_ms} ms")
+        return reply
 
     # --- request path -----------------------------------------------------------------------
     async def reserve(
@@ -103,21 +179,31 @@ class RedisBudgetStore(BudgetStore):
         amount = usd_to_nanos(amount_usd)
         scopes = scope.scope_limits()
         args: list[Any] = [request_id, amount, tokens, int(self.lease_s * 1000), f"{to_next:.3f}"]
-        for p in PERIODS:  # the scripts take the periods' windows in this order
+        args.append(len(PERIODS))
+        for p in PERIODS:  # every period's current window: name, id, seconds to its reset
             reset = wins[p].seconds_to_reset(now)
-            args += [wins[p].id, "-1" if reset is None else f"{reset:.3f}"]
+            args += [p, wins[p].id, "-1" if reset is None else f"{reset:.3f}"]
         args.append(len(scopes))
         for name, limit in scopes:
             args += [name, encode_limit(limit)]
         keys = [k.spend, k.reserved, k.res, k.lease, k.limits, k.rate(minute), k.done(minute)]
         try:
-            reply = await self._scripts["reserve"](keys=keys, args=args)
+            reply = await self._eval("reserve", keys, args)
         except UNREACHABLE as exc:
+            if isinstance(exc, NotReplicated):  # a hold a failover could lose is not used
+                with contextlib.suppress(*UNREACHABLE):  # else the lease frees it
+                    await self._eval("release", [k.reserved, k.res, k.lease, k.rate(minute)],
+                                     [request_id])
             return self._unreachable_reserve(scope, request_id, amount, tokens, minute, exc)
         status = _s(reply[0])
         if status == "exceeded":
             name, reason, retry = _s(reply[1]), _s(reply[2]), float(_s(reply[3]))
-            raise BudgetExceeded(scope.label(name), reason, None if retry < 0 else retry)
+            standing = None
+            if len(reply) == 8:  # a spend refusal: what the limit met (reserve.lua)
+                cap, spent, held = (int(_s(v)) for v in reply[4:7])
+                standing = SpendStanding(_s(reply[7]), cap, spent, held, amount)
+            raise BudgetExceeded(scope.label(name), reason, None if retry < 0 else retry,
+                                 standing=standing)
         if status == "settled":
             raise ValueError(f"request id {request_id!r} was already settled")
         if status == "held":
@@ -155,9 +241,10 @@ class RedisBudgetStore(BudgetStore):
         res = self._local.get(request_id)
         if res is None:
             raise KeyError(f"unknown reservation {request_id!r}")
+        charge = capped_charge(usd_to_nanos(actual_usd), tokens, res)
         entry = {"rid": request_id, "team": res.team, "key": res.key_id or "",
-                 "nanos": usd_to_nanos(actual_usd), "tokens": tokens, "periods": res.periods,
-                 "minute": res.minute}
+                 "nanos": charge.nanos, "overage": charge.overage_nanos, "tokens": charge.tokens,
+                 "periods": res.periods, "minute": res.minute}
         if res.degraded:
             return self._defer(entry, "admitted while the store was down")
         try:
@@ -181,17 +268,17 @@ class RedisBudgetStore(BudgetStore):
         k = self.keys(entry["team"])
         rid = entry["rid"]
         args: list[Any] = [rid, entry["nanos"], entry["tokens"], DONE_TTL_S, entry["team"],
-                           entry["key"], len(entry["periods"])]
+                           entry["key"], entry.get("overage", 0), len(entry["periods"])]
         for name, pid in entry["periods"].items():
             args += [name, pid]
         keys = [k.spend, k.reserved, k.res, k.lease, k.ledger, k.done(entry["minute"]),
                 k.rate(entry["minute"])]
-        reply = await self._scripts["settle"](keys=keys, args=args)
+        reply = await self._eval("settle", keys, args)
         if _s(reply[0]) == "dup":
             return Settlement(rid, int(_s(reply[1])), duplicate=True)
         if _s(reply[1]) == "direct":
             log.info("settled %s without a live reservation (lease reclaimed or fail-open)", rid)
-        return Settlement(rid, entry["nanos"])
+        return Settlement(rid, entry["nanos"], overage_nanos=entry.get("overage", 0))
 
     async def release(self, request_id: str) -> None:
         res = self._local.pop(request_id, None)
@@ -199,8 +286,8 @@ class RedisBudgetStore(BudgetStore):
             return
         k = self.keys(res.team)
         try:
-            await self._scripts["release"](
-                keys=[k.reserved, k.res, k.lease, k.rate(res.minute)], args=[request_id])
+            await self._eval("release", [k.reserved, k.res, k.lease, k.rate(res.minute)],
+                             [request_id])
         except UNREACHABLE as exc:
             # Nothing is owed; the lease frees the hold when it expires.
             log.warning("could not release %s (lease will reclaim it): %s", request_id, exc)
@@ -225,15 +312,17 @@ class RedisBudgetStore(BudgetStore):
         wins = self.windows(now)
         k = self.keys(scope.team)
         scopes = scope.scope_limits()
-        args = [wins[p].id for p in PERIODS] + [n for n, _ in scopes]
+        args = [len(PERIODS), *(wins[p].id for p in PERIODS), *(n for n, _ in scopes)]
         try:
-            reply = await self._scripts["status"](
-                keys=[k.spend, k.reserved, k.res, k.lease, k.limits], args=args)
+            reply = await self._eval("status", [k.spend, k.reserved, k.res, k.lease, k.limits],
+                                     args)
         except UNREACHABLE:
             raise BudgetUnavailable("budget store unreachable") from None
         out = []
         for i, (name, configured) in enumerate(scopes):
-            override, *spent_by_period, reserved = (_s(v) for v in reply[5 * i: 5 * i + 5])
+            width = len(PERIODS) + 2  # override, spent per period, reserved
+            override, *spent_by_period, reserved = (_s(v)
+                                                    for v in reply[width * i: width * (i + 1)])
             limit = decode_limit(override) if override else configured
             period = limit.period if limit else "total"
             spent = dict(zip(PERIODS, spent_by_period, strict=True))[period]
@@ -257,9 +346,8 @@ class RedisBudgetStore(BudgetStore):
         k = self.keys(team)
         wins = self.windows(self.clock())
         name = scope_name(key_id)
-        wiped = await self._scripts["reset"](
-            keys=[k.spend, k.ledger],
-            args=[name, team, key_id or "", *(wins[p].id for p in PERIODS)])
+        wiped = await self._eval("reset", [k.spend, k.ledger],
+                                 [name, team, key_id or "", *(wins[p].id for p in PERIODS)])
         return int(_s(wiped))
 
     async def ledger(self, team: str) -> list[LedgerEntry]:
@@ -275,7 +363,8 @@ class RedisBudgetStore(BudgetStore):
                 f = {_s(a): _s(b) for a, b in fields.items()}
                 out.append(LedgerEntry(f["rid"], f["team"], f["key"] or None, int(f["nanos"]),
                                        f["kind"], parse_pairs(f["periods"]),
-                                       int(_s(entry_id).split("-")[0]) / 1000))
+                                       int(_s(entry_id).split("-")[0]) / 1000,
+                                       int(f.get("overage") or 0)))
             last = _s(batch[-1][0])
 
     async def spend(self, team: str) -> dict[tuple[str, str], int]:
@@ -298,7 +387,7 @@ class RedisBudgetStore(BudgetStore):
         total = 0
         for team in await self.teams():
             k = self.keys(team)
-            total += int(await self._scripts["sweep"](keys=[k.reserved, k.res, k.lease]))
+            total += int(await self._eval("sweep", [k.reserved, k.res, k.lease], []))
         if total:
             log.warning("sweeper reclaimed %d expired budget reservation(s)", total)
         return total
@@ -311,12 +400,17 @@ class RedisBudgetStore(BudgetStore):
                 by_team.setdefault(res.team, []).append(rid)
         renewed = 0
         for team, rids in by_team.items():
-            renewed += int(await self._scripts["renew"](
-                keys=[self.keys(team).lease], args=[int(self.lease_s * 1000), *rids]))
+            renewed += int(await self._eval(
+                "renew", [self.keys(team).lease], [int(self.lease_s * 1000), *rids]))
         return renewed
 
     async def ping(self) -> bool:
         try:
+            if int((await self.redis.info("cluster")).get("cluster_enabled", 0)):
+                # Every team whose slot is on another node would get MOVED: not ready.
+                log.error("budgets.store is redis but %s is a Redis Cluster node: use "
+                          "budgets.store: redis-cluster", self.cfg.redis_url)
+                return False
             return bool(await self.redis.ping())
         except UNREACHABLE:
             return False

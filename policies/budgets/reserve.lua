@@ -3,10 +3,12 @@
 --       5 limits HASH (operator overrides: scope -> "nanos|period|rpm|tpm"),
 --       6 rate HASH of the current minute (scope|r, scope|t), 7 done HASH of the current hour.
 -- ARGV: 1 request id, 2 amount nanos, 3 tokens, 4 lease ms, 5 seconds to the next minute,
---       6..11 daily id, daily reset s, monthly id, monthly reset s, total id, total reset s,
---       12 number of scopes, then per scope: scope name, configured limit "nanos|period|rpm|tpm".
+--       6 number of periods P, then per period (periods.py PERIODS): name, window id, seconds to
+--       its reset (-1: never), then the number of scopes, then per scope: scope name,
+--       configured limit "nanos|period|rpm|tpm".
 -- Returns {'ok', lease expiry ms, then per scope: name, period id, limit, spent, reserved before}
---      or {'exceeded', scope, reason, retry seconds} | {'held', record} | {'settled'}.
+--      or {'exceeded', scope, reason, retry seconds} (for 'budget' then limit, spent, reserved,
+--      period: what the refusal message reports) | {'held', record} | {'settled'}.
 local now = now_ms()
 reclaim(KEYS[2], KEYS[3], KEYS[4], now, 64)
 
@@ -17,13 +19,16 @@ if redis.call('HEXISTS', KEYS[7], rid) == 1 then return {'settled'} end
 
 local amount = tonumber(ARGV[2])
 local tokens = tonumber(ARGV[3])
-local windows = {
-  daily = {ARGV[6], ARGV[7]}, monthly = {ARGV[8], ARGV[9]}, total = {ARGV[10], ARGV[11]},
-}
+local windows = {}
+local nperiods = tonumber(ARGV[6])
+for i = 0, nperiods - 1 do
+  windows[ARGV[7 + 3 * i]] = {ARGV[8 + 3 * i], ARGV[9 + 3 * i]}
+end
+local base = 7 + 3 * nperiods -- the number of scopes; their pairs follow
 local plan = {}
-for i = 0, tonumber(ARGV[12]) - 1 do
-  local scope = ARGV[13 + 2 * i]
-  local enc = redis.call('HGET', KEYS[5], scope) or ARGV[14 + 2 * i]
+for i = 0, tonumber(ARGV[base]) - 1 do
+  local scope = ARGV[base + 1 + 2 * i]
+  local enc = redis.call('HGET', KEYS[5], scope) or ARGV[base + 2 + 2 * i]
   local lim, period, rpm, tpm = string.match(enc, '^(-?%d+)|(%a+)|(-?%d+)|(-?%d+)$')
   local win = windows[period]
   if tonumber(rpm) >= 0 then
@@ -37,7 +42,7 @@ for i = 0, tonumber(ARGV[12]) - 1 do
   local spent = redis.call('HGET', KEYS[1], scope .. '|' .. win[1]) or '0'
   local reserved = redis.call('HGET', KEYS[2], scope) or '0'
   if tonumber(lim) >= 0 and tonumber(spent) + tonumber(reserved) + amount > tonumber(lim) then
-    return {'exceeded', scope, 'budget', win[2]}
+    return {'exceeded', scope, 'budget', win[2], lim, spent, reserved, period}
   end
   plan[#plan + 1] = {scope, win[1], lim, spent, reserved}
 end

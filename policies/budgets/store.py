@@ -2,9 +2,11 @@
 
 Invariant kept by every store: for each scope with a limit,
 ``spent(current period) + reserved <= limit`` after every successful reserve, and a settle never
-charges more than it reserved (the request path reserves a true upper bound), so settled spend
-never exceeds the limit. `tests/policies/budgets/test_store_conformance.py` checks every store
-kind of `factory.STORE_KINDS` against this contract.
+charges more than the request reserved (`capped_charge`), so settled spend never exceeds the limit.
+What the actual cost exceeds the reservation by is not charged but recorded in the ledger entry as
+``overage_nanos``; a negative actual cost charges nothing (usage can never credit a budget).
+`tests/policies/budgets/test_store_conformance.py` checks every store kind of
+`factory.STORE_KINDS` against this contract.
 """
 
 from __future__ import annotations
@@ -38,13 +40,41 @@ class BudgetError(Exception):
 class BudgetExceeded(BudgetError):
     """The reservation does not fit: HTTP 429 `budget_exceeded` (or `rate_limited` for rpm/tpm)."""
 
-    def __init__(self, scope: str, reason: str, retry_after_s: float | None) -> None:
+    def __init__(self, scope: str, reason: str, retry_after_s: float | None, *,
+                 standing: SpendStanding | None = None) -> None:  # fmt: skip
         what = {"budget": "spend limit", "rpm": "requests-per-minute limit",
                 "tpm": "tokens-per-minute limit"}.get(reason, reason)
         super().__init__(f"{scope}: {what} reached")
         self.scope = scope
         self.reason = reason
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = retry_after_s  # until the period resets; None: it never does
+        self.standing = standing  # for `budget` refusals: why it did not fit
+
+
+@dataclass(frozen=True, slots=True)
+class SpendStanding:
+    """What a refused reservation met: the scope's limit, spent and reserved, and the amount
+    asked for, so the refusal can say whether waiting helps (router/budget_gate.py)."""
+
+    period: str
+    limit_nanos: int
+    spent_nanos: int
+    reserved_nanos: int
+    amount_nanos: int
+
+    @property
+    def remaining_nanos(self) -> int:
+        return max(0, self.limit_nanos - self.spent_nanos - self.reserved_nanos)
+
+    @property
+    def never_fits(self) -> bool:
+        """The amount is more than the whole limit: no reset or finished request helps."""
+        return self.amount_nanos > self.limit_nanos
+
+    @property
+    def fits_without_reservations(self) -> bool:
+        """Requests in flight hold what this one needs: it fits once they settle or release."""
+        return self.spent_nanos + self.amount_nanos <= self.limit_nanos
 
 
 class BudgetUnavailable(BudgetError):
@@ -69,6 +99,28 @@ class Settlement:
     charged_nanos: int
     duplicate: bool = False  # this request id was already settled; nothing charged again
     deferred: bool = False  # the store was unreachable: journaled, charged when it returns
+    overage_nanos: int = 0  # actual cost past the reservation: recorded, not charged
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What a settle charges and what it leaves uncharged, in nanos and tokens."""
+
+    nanos: int
+    overage_nanos: int
+    tokens: int
+
+
+def capped_charge(actual_nanos: int, tokens: int, reservation: Reservation) -> Charge:
+    """The one rule every store settles by: charge the actual cost, never below zero and never
+    above what the request reserved (its worst case). The cap is the reservation the request
+    path made, which the replica keeps (`BudgetStore._local`) even when the store's copy is gone
+    (lease reclaimed, admitted while Redis was down): the direct path is capped by it too.
+    Tokens (for tpm) are bounded the same way."""
+    actual = max(0, actual_nanos)
+    cap = max(0, reservation.amount_nanos)
+    return Charge(min(actual, cap), max(0, actual - cap),
+                  min(max(0, tokens), max(0, reservation.tokens)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +188,8 @@ class BudgetStore(ABC):
 
     @abstractmethod
     async def settle(self, request_id: str, actual_usd: float, tokens: int) -> Settlement:
-        """Charge the actual cost, free the rest of the reservation. Idempotent by request id."""
+        """Charge the actual cost capped by the reservation (`capped_charge`), free the rest of
+        the reservation, record any overage in the ledger. Idempotent by request id."""
 
     @abstractmethod
     async def release(self, request_id: str) -> None:

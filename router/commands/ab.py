@@ -12,7 +12,7 @@ import typer
 
 from policies.config import ExperimentConfig
 from policies.spec import tiers_by_price
-from router.commands.common import load_config_or_exit
+from router.commands.common import fail, load_config_or_exit
 from router.config import RouterConfig
 
 ab_app = typer.Typer(no_args_is_help=True)
@@ -20,7 +20,9 @@ ab_app = typer.Typer(no_args_is_help=True)
 
 @ab_app.command("report")
 def report(
-    traces: list[Path] = typer.Option(..., "--traces", help="trace JSONL files or directories"),
+    traces: list[Path] = typer.Option(
+        ..., "--traces", "-t", help="trace JSONL files or directories"
+    ),
     experiment: str = typer.Option(..., "--experiment", help="experiment name"),
     feedback: Path | None = typer.Option(
         None, "--feedback", help="feedback JSONL (default: feedback.jsonl next to the traces)"
@@ -34,7 +36,7 @@ def report(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="also write the numbers as JSON"),
     config: Path | None = typer.Option(
-        None, "--config", help="router config: arm weights (sample-ratio check), large tier"
+        None, "--config", "-c", help="router config: arm weights (sample-ratio check), large tier"
     ),
 ) -> None:
     """Per-arm requests, share to large, cost per 1k, latency p50/p95 and feedback with 95% CIs,
@@ -42,16 +44,15 @@ def report(
     from simulations.ab_report import ReportError, format_table, report_from_files, to_dict
 
     if out is not None and out.suffix.lower() not in (".png", ".html", ".htm"):
-        typer.echo(f"error: --out must end in .png or .html, not {out.name!r}", err=True)
-        raise typer.Exit(2)
+        raise fail(f"--out must end in .png or .html, not {out.name!r}")
     cfg = load_config_or_exit(config) if config else None
     try:
-        weights, priciest = _from_config(cfg, experiment, config) if cfg else (None, None)
+        weights, priciest, unit = (_from_config(cfg, experiment, config) if cfg
+                                   else (None, None, None))
         rep = report_from_files(traces, experiment, feedback, large_tier=large_tier or priciest,
-                                control=control, weights=weights)
-    except ReportError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+                                control=control, weights=weights, unit=unit)
+    except ReportError as exc:  # traces, feedback, arms or names that cannot be used
+        raise fail(str(exc)) from None
     typer.echo(format_table(rep))
     if out is not None:
         from simulations.ab_chart import write_chart
@@ -69,20 +70,21 @@ def _experiment(cfg: RouterConfig, name: str) -> ExperimentConfig | None:
 
 def _from_config(
     cfg: RouterConfig, experiment: str, path: Path | None
-) -> tuple[dict[str, float], str]:
-    """The experiment's arm weights and the priciest tier, from the router config."""
+) -> tuple[dict[str, float], str, str]:
+    """The experiment's arm weights, the priciest tier and the assignment unit (what the report
+    resamples), from the router config."""
     from simulations.ab_report import ReportError
 
     exp = _experiment(cfg, experiment)
     if exp is None:
         raise ReportError(f"no experiment {experiment!r} in {path}")
     weights = {a: arm.weight for a, arm in exp.arms.items()}
-    return weights, tiers_by_price(cfg.policy_env().prices)[-1]
+    return weights, tiers_by_price(cfg.policy_env().prices)[-1], exp.unit
 
 
 @ab_app.command("assign")
 def assign(
-    config: Path = typer.Argument(..., help="router config YAML"),
+    config: Path = typer.Option(..., "--config", "-c", help="router config YAML"),
     experiment: str = typer.Option(..., "--experiment"),
     units: list[str] = typer.Argument(None, help="unit values (team, key id, user or header)"),
 ) -> None:
@@ -91,8 +93,7 @@ def assign(
 
     found = _experiment(load_config_or_exit(config), experiment)
     if found is None:
-        typer.echo(f"error: no experiment {experiment!r} in {config}", err=True)
-        raise typer.Exit(1)
+        raise fail(f"no experiment {experiment!r} in {config}")
     exp = Experiment(found)
     for unit in units or []:
         arm = exp.arm_for(unit)

@@ -23,17 +23,16 @@ CONFIG_OPT = typer.Option(..., "--config", "-c", help="router YAML config with t
 PLAN_CONFIG_OPT = typer.Option(
     None, "--config", "-c", help="router YAML with tiers[].launch (default: the embedded demo)"
 )
-# Fixed ports for the demo's plan: `cost-router serve` picks free ones when it runs the demo.
-DEMO_PORTS = (8101, 8102)
 
 
 def _load(path: Path | None) -> RouterConfig:
     if path is None:
         # Imported here, like the process and polling modules below: they bring httpx, which
         # only these commands need (this module is imported for every `cost-router` command).
-        from router.demo import demo_config
+        from router.demo import DEMO_PORT, DEMO_TIER_PORTS, demo_config
 
-        return demo_config(*DEMO_PORTS, host="127.0.0.1", port=8080)
+        # The ports `cost-router serve` gives the demo (unless run with --port 0).
+        return demo_config(*DEMO_TIER_PORTS, host="127.0.0.1", port=DEMO_PORT)
     return load_config_or_exit(path)
 
 

@@ -18,9 +18,10 @@ import orjson
 import typer
 from pydantic import ValidationError
 
-from policies.budgets.factory import build_stores, check_store_kind
+from policies.budgets.factory import SHARED_KINDS, build_stores, check_store_kind
 from policies.budgets.ledger import spend_from_ledger
 from policies.budgets.money import nanos_to_usd
+from policies.budgets.periods import PERIODS
 from policies.budgets.scopes import ScopeLimits
 from policies.budgets.store import BudgetStore
 from policies.config import AuthConfig, BudgetLimit, BudgetsConfig, ConfigError, KeyConfig
@@ -35,7 +36,8 @@ T = TypeVar("T")
 
 ConfigOpt = typer.Option(None, "--config", "-c", envvar="COST_ROUTER_CONFIG",
                          help="router config file (its budgets section names the Redis)")
-RedisOpt = typer.Option(None, "--redis-url", help="override budgets.redis_url")
+RedisOpt = typer.Option(None, "--redis-url", help="override budgets.redis_url (with store "
+                        "redis-cluster: any node of the cluster)")
 JsonOpt = typer.Option(False, "--json", help="print JSON instead of a table")
 
 
@@ -76,11 +78,18 @@ def _sections(config: Path | None, redis_url: str | None) -> _Sections:
         sections = _Sections(_default_budgets(), ScopeLimits({}, []), [], AuthConfig())
     budgets = sections.budgets
     if redis_url:
-        budgets = budgets.model_copy(update={"store": "redis", "redis_url": redis_url})
-    if budgets.store != "redis":
+        # A cluster stays a cluster: the URL then names any of its nodes.
+        store = budgets.store if budgets.store in SHARED_KINDS else "redis"
+        try:
+            budgets = BudgetsConfig.model_validate(
+                {**budgets.model_dump(), "store": store, "redis_url": redis_url})
+        except ValidationError as exc:
+            raise fail(f"--redis-url: {exc.errors()[0]['msg']}") from None
+    if budgets.store not in SHARED_KINDS:
         raise fail(f"budgets.store is {budgets.store!r}: keys and budgets live inside the proxy "
-                   "process and cannot be managed from here. Use budgets.store: redis (or "
-                   "--redis-url), or put keys in the config file (keys: [{key_sha256, team}]).")
+                   "process and cannot be managed from here. Use budgets.store: redis or "
+                   "redis-cluster (or --redis-url), or put keys in the config file "
+                   "(keys: [{key_sha256, team}]).")
     # Never the journal: it belongs to the proxy replicas (a CLI would adopt their files).
     return replace(sections, budgets=budgets.model_copy(update={"journal_path": None}))
 
@@ -90,13 +99,14 @@ def _run(config: Path | None, redis_url: str | None,
     """Build the stores and key ring, run one async action, close. A key id that no key matches
     is bad input (exit 2); Redis out of reach exits 1."""
     # Imported when a command runs, so `cost-router --help` and other commands skip redis-py.
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisClusterException, RedisError
 
     sections = _sections(config, redis_url)
 
     async def main() -> T:
         store, key_store = build_stores(sections.budgets)
-        ring = KeyRing(sections.keys, sections.auth, key_store, sections.budgets.key_cache_s)
+        ring = KeyRing(sections.keys, sections.auth, key_store, sections.budgets.key_cache_s,
+                       sections.budgets.key_outage_grace_s)
         try:
             return await action(Deployment(store, ring, sections.limits))
         finally:
@@ -104,8 +114,8 @@ def _run(config: Path | None, redis_url: str | None,
 
     try:
         return asyncio.run(main())
-    except (RedisError, OSError) as exc:
-        typer.echo(f"cannot reach Redis at {sections.budgets.redis_url}: {exc}", err=True)
+    except (RedisError, RedisClusterException, OSError) as exc:
+        typer.echo(f"error: cannot reach Redis at {sections.budgets.redis_url}: {exc}", err=True)
         raise typer.Exit(1) from None
     except KeyError as exc:
         raise fail(str(exc.args[0] if exc.args else exc)) from None
@@ -121,17 +131,49 @@ def _usd(value: float | None) -> str:
     return "unlimited" if value is None else f"${value:,.6f}"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+# Table columns a user copies into another command (`keys revoke ID`, `budget set --team T`).
+_COPIED = frozenset({"key id", "key", "request id", "team", "limit", "remaining"})
 
-    table = Table(*headers)
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    """Print a table whose every cell is printed whole: users copy key ids (to revoke a key),
+    team names and limits out of these tables."""
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Column, Table
+
+    # fold, not rich's default ellipsis: a narrow terminal gets a cell over several lines, never
+    # a cut one; the columns users copy from shrink last (rich narrows wrappable columns first).
+    table = Table(*(Column(h, overflow="fold", no_wrap=h in _COPIED) for h in headers))
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:
+        # Piped or captured output has no width to fit, yet rich assumes 80 columns (or $COLUMNS)
+        # and would wrap or cut cells: print it at the table's own width instead.
+        width = Measurement.get(console, console.options.update_width(1 << 16), table).maximum
+        console = Console(width=max(width, console.width))
+    console.print(table)
 
 
 # --- keys -----------------------------------------------------------------------------------
+
+
+def _check_team(team: str, config: Path | None, allow_unlisted: bool) -> None:
+    """A key of a team the config does not list has no spend limit: refuse that (exit 2) unless
+    --allow-unlisted-team says so, and then say it plainly."""
+    known = sorted(load_config_or_exit(config).teams) if config is not None else []
+    if team in known:
+        return
+    unlimited = f"a key of team {team!r} would have no spend limit"
+    if not allow_unlisted:
+        where = (f"{config} lists no team {team!r} (teams: {', '.join(known) or 'none'})"
+                 if config is not None else "no config file (-c) lists the teams")
+        raise fail(f"{where}, so {unlimited}: add it under `teams:` (e.g. teams: {{{team}: "
+                   "{budget: {limit_usd: 100, period: monthly}}}), or pass "
+                   "--allow-unlisted-team to create an unlimited key")  # fmt: skip
+    typer.echo(f"warning: {unlimited.replace('would have', 'has')} (team {team!r} is not "
+               "in the config's teams)", err=True)  # fmt: skip
 
 
 @keys_app.command("create")
@@ -139,10 +181,15 @@ def keys_create(
     team: str = typer.Option(..., "--team", help="team the key charges"),
     user: str | None = typer.Option(None, "--user", help="optional user the key belongs to"),
     name: str | None = typer.Option(None, "--name", help="label shown by `keys list`"),
+    allow_unlisted_team: bool = typer.Option(
+        False, "--allow-unlisted-team",
+        help="create the key even if the config lists no such team: it has no spend limit",
+    ),
     config: Path | None = ConfigOpt,
     redis_url: str | None = RedisOpt,
 ) -> None:
     """Create an API key; prints it once (only its sha256 is stored)."""
+    _check_team(team, config, allow_unlisted_team)
     raw, record = _run(config, redis_url, lambda d: d.ring.create(team, user, name))
     typer.echo(raw)
     typer.echo(f"key id {record.key_id}, team {team}" + (f", user {user}" if user else ""),
@@ -213,7 +260,7 @@ def budget_show(
 def budget_set(
     team: str = typer.Option(..., "--team"),
     limit_usd: float | None = typer.Option(None, "--limit-usd", min=0, help="USD per period"),
-    period: str = typer.Option("monthly", "--period", help="daily | monthly | total"),
+    period: str = typer.Option("monthly", "--period", help=" | ".join(PERIODS)),
     rpm: int | None = typer.Option(None, "--rpm", min=1, help="requests per minute"),
     tpm: int | None = typer.Option(None, "--tpm", min=1, help="tokens per minute"),
     key: str | None = typer.Option(None, "--key", help="a key id: set that key's budget"),
@@ -226,6 +273,9 @@ def budget_set(
     if not clear:
         if limit_usd is None and rpm is None and tpm is None:
             raise fail("give --limit-usd, --rpm or --tpm (or --clear)")
+        if period not in PERIODS:
+            raise fail(f"--period {period!r}: not a budget period; use one of "
+                       f"{', '.join(PERIODS)}")  # fmt: skip
         try:
             limit = BudgetLimit(limit_usd=limit_usd, period=period, rpm=rpm, tpm=tpm)  # type: ignore[arg-type]
         except ValidationError as exc:

@@ -1,5 +1,8 @@
 """`cost-router classifier train|eval|score|bench` (registered by router/cli.py).
 
+`train` is the retrain step of the learning loop (classifiers/retrain.py does the work); a
+`promote` command belongs here too, on top of classifiers.compare.compare_models.
+
 Heavy imports (scikit-learn, pandas, onnxruntime) happen inside the commands that need them, so
 the rest of the CLI starts fast.
 """
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -29,57 +33,102 @@ DATA_HELP = "RouteLLM-style CSV files/folders and/or JSONL trace files"
 
 
 def _load(
-    data: list[Path], small: str | None, large: str | None, contaminated: bool
+    data: list[Path],
+    small: str | None,
+    large: str | None,
+    contaminated: bool,
+    labelled_only: bool = False,
 ) -> RoutingDataset:
     try:
-        return load_dataset(data, small, large, exclude_contaminated=not contaminated)
+        return load_dataset(
+            data, small, large, exclude_contaminated=not contaminated, labelled_only=labelled_only
+        )
     except DatasetError as exc:
         raise fail(f"{exc}") from None
 
 
+def default_out() -> Path:
+    """Where `train` writes without --out: ./models/model-<UTC time>.onnx, never the package."""
+    return Path("models") / f"model-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.onnx"
+
+
 @classifier_app.command("train")
 def train_cmd(
-    data: list[Path] = typer.Argument(..., help=DATA_HELP),
-    out: Path = typer.Option(DEFAULT_MODEL, "--out", "-o", help="where to write the .onnx model"),
+    data: list[Path] = typer.Argument(
+        ..., help=f"{DATA_HELP}; a proxy trace folder's labels and feedback are merged in"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="where to write the .onnx model (default: ./models/model-<time>)"
+    ),
+    overwrite_shipped: bool = typer.Option(
+        False, "--overwrite-shipped", help="allow --out to be the shipped model's path"
+    ),
+    with_default_data: bool = typer.Option(
+        False, "--with-default-data", help="also train on the shipped model's data (never scored)"
+    ),
+    own_weight: float = typer.Option(
+        1.0, "--own-weight", help="weight of a row of DATA against a default-data row's 1"
+    ),
+    folds: int = typer.Option(
+        5, "--folds", help="out-of-fold report on DATA and <model>.oof.jsonl (0: skip)"
+    ),
+    current: Path | None = typer.Option(
+        None, "--current", help="model the new one is compared with (default: shipped)"
+    ),
+    rounds: int = typer.Option(1000, "--bootstrap", min=1, help="bootstrap resamples"),
     small: str | None = typer.Option(None, help="small model's outcome column / trace tier"),
     large: str | None = typer.Option(None, help="large model's outcome column / trace tier"),
     seed: int = typer.Option(0, help="random seed (training is reproducible from it)"),
     margin: float = typer.Option(0.0, help="large must beat small by more than this (graded)"),
     include_contaminated: bool = typer.Option(False, help="keep RouteLLM-contaminated prompts"),
 ) -> None:
-    """Train on routing outcomes, export ONNX + metadata JSON (progress bar on stderr)."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+    """Train on routing outcomes (CSV, traces, a proxy trace folder with labels), export ONNX +
+    metadata, and compare with the current model out of fold (paired bootstrap)."""
     # scikit-learn, pandas and onnx load for training only (see the module docstring).
-    from classifiers.export import export, metadata_for
-    from classifiers.train import TrainConfig, fit
+    from classifiers.retrain import TrainOptions, train_model
+    from classifiers.train import TrainConfig
+    from router.commands.progress import phases
 
-    config = TrainConfig(seed=seed, margin=margin)
-    steps = ["load", "features", "fit", "export"]
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        transient=False,
-    ) as progress:
-        task = progress.add_task("loading data", total=len(steps))
-        dataset = _load(data, small, large, include_contaminated)
-        progress.update(task, advance=1, description=f"featurizing {len(dataset)} prompts")
-
-        def on_step(name: str) -> None:
-            if name == "fit":
-                progress.update(task, advance=1, description="fitting the model")
-            elif name == "done":
-                progress.update(task, advance=1, description="exporting to ONNX")
-
+    out = out if out is not None else default_out()
+    if out.resolve() == DEFAULT_MODEL.resolve() and not overwrite_shipped:
+        raise fail(f"{out} is the shipped model; pass --overwrite-shipped to replace it")
+    if folds == 1 or folds < 0:
+        raise fail(f"--folds must be 0 (no report) or at least 2, got {folds}")
+    if own_weight <= 0:
+        raise fail(f"--own-weight must be > 0, got {own_weight}")
+    if current is not None and not current.is_file():
+        raise fail(f"--current {current}: no such file")
+    options = TrainOptions(
+        config=TrainConfig(seed=seed, margin=margin), own_weight=own_weight, folds=folds,
+        rounds=rounds, current_model=current,
+    )
+    # Phases: loading, each out-of-fold fold, scoring with the current model, the final fit,
+    # the export; the fit's own sub-steps only relabel the bar.
+    starts = ("fold ", "loading", "scoring with", "fitting the", "exporting")
+    total = 1 + (folds + 1 if folds else 0) + 2
+    with phases(total, "loading data", lambda m: m.startswith(starts)) as update:
+        update("loading data")
+        own = _load(data, small, large, include_contaminated, labelled_only=True)
+        base = None
+        if with_default_data:
+            base = _load([routellm_data_dir()], None, None, include_contaminated)
         try:
-            pipeline = fit(dataset, config, on_step)
+            report = train_model(own, out, options, base, data, update)
         except ValueError as exc:
             raise fail(f"{exc}") from None
-        meta = export(pipeline, out, metadata_for(dataset, config, pipeline, data))
-        progress.update(task, advance=1, description="done")
-    typer.echo(f"wrote {out} ({meta['onnx_bytes']} bytes) and {out.with_suffix('.json')}")
+    left_out = ""
+    if own.unlabelled or own.without_text:
+        left_out = f" ({own.unlabelled} unlabelled and {own.without_text} without text left out)"
+    base_note = f" + {report.base_rows} rows of the shipped data" if report.base_rows else ""
+    typer.echo(f"trained on {report.labelled} labelled rows{left_out}{base_note}")
+    if report.comparison is not None:
+        typer.echo("\n".join(report.comparison.lines()))
+    for warning in report.warnings:
+        typer.echo(warning, err=True)
+    written = [str(out.with_suffix(".json")), str(out.with_suffix(".prompts"))]
+    if report.oof_file is not None:
+        written.append(str(report.oof_file))
+    typer.echo(f"wrote {out} ({report.metadata['onnx_bytes']} bytes), {', '.join(written)}")
 
 
 @classifier_app.command("eval")
@@ -97,17 +146,24 @@ def eval_cmd(
     from rich.console import Console
     from rich.table import Table
 
+    from router.commands.progress import counter
+
     scorer = _scorer(model)
-    dataset = _load(data, small, large, include_contaminated)
+    dataset = _load(data, small, large, include_contaminated, labelled_only=True)
     dataset = dataset.subset(known(dataset.small, dataset.large))
+    if not len(dataset):
+        raise fail(f"no labelled rows in {', '.join(map(str, data))}")
+    _in_sample_note(scorer, data, dataset.prompts)
     scores = scorer.score_texts(dataset.prompts)
     groups = {b: dataset.benchmark == b for b in dataset.benchmarks}
     if len(groups) > 1:
         groups["all"] = np.ones(len(dataset), dtype=bool)
-    results = {
-        name: report(scores[m], dataset.small[m], dataset.large[m], rounds, seed)
-        for name, m in groups.items()
-    }
+    results = {}
+    names = list(groups)
+    with counter(len(names), f"bootstrap: {names[0]}") as done:
+        for i, (name, m) in enumerate(groups.items()):
+            results[name] = report(scores[m], dataset.small[m], dataset.large[m], rounds, seed)
+            done(f"bootstrap: {names[i + 1]}" if i + 1 < len(names) else "done")
     if as_json:
         out = {
             name: {
@@ -130,6 +186,18 @@ def eval_cmd(
         for router, metrics in result.items():
             table.add_row(name, router, *(str(v) for v in metrics.values()))
     Console().print(table)
+
+
+def _in_sample_note(scorer: DifficultyScorer, data: list[Path], prompts: list[str]) -> None:
+    """Warn when the prompts overlap the model's training prompts (by content: the model's
+    `.prompts` sidecar); models without one fall back to the training paths they recorded."""
+    from classifiers.provenance import in_sample_note, read_prompts
+
+    if read_prompts(scorer.path) is not None:
+        note = in_sample_note(scorer.path, prompts)
+        if note:
+            typer.echo(note, err=True)
+        return
     trained_on = [Path(p).resolve() for p in scorer.metadata.get("data", [])]
     given = [p.resolve() for p in data]
     if any(g == t or t in g.parents for g in given for t in trained_on):

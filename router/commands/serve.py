@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from router.commands.common import load_config_or_exit
+from router.commands.common import fail, load_config_or_exit
+from router.ports import listen_problem
 
 config_app = typer.Typer(no_args_is_help=True)
 
@@ -23,7 +24,9 @@ def serve(
         None, "--config", "-c", help="YAML config; without it, run the embedded local demo"
     ),
     host: str | None = typer.Option(None, help="override server.host"),
-    port: int | None = typer.Option(None, help="override server.port"),
+    port: int | None = typer.Option(
+        None, help="override server.port (the demo: 0 = any free ports for proxy and tiers)"
+    ),
 ) -> None:
     """Run the OpenAI-compatible routing proxy (no --config: the embedded llama.cpp demo)."""
     # Imported here: the server stack (uvicorn, the FastAPI app, onnxruntime) is only needed by
@@ -33,7 +36,13 @@ def serve(
 
     if config is None:
         raise typer.Exit(run_demo(host=host, port=port))
-    run_server(load_config_or_exit(config), host=host, port=port, config_path=config)
+    cfg = load_config_or_exit(config)
+    # Checked before the app loads anything, so a port in use is one line, not a traceback.
+    listen_host, listen_port = host or cfg.server.host, cfg.server.port if port is None else port
+    if problem := listen_problem(listen_host, listen_port):
+        raise fail(f"{problem}: stop what listens there or choose another port with --port N, "
+                   f"server.port in {config} or COST_ROUTER__SERVER__PORT")  # fmt: skip
+    run_server(cfg, host=host, port=port, config_path=config)
 
 
 def register_serve(app: typer.Typer) -> None:

@@ -14,17 +14,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
-import yaml
 
 from backends.config import SignalsConfig
 from classifiers.dataset import DatasetError, routellm_data_dir
 from policies.config import ConfigError
-from policies.registry import SPECS, parse_params, tiers_by_price
+from policies.registry import SPECS, tiers_by_price
 from router.commands.common import load_config_or_exit
-from router.config import RouterConfig, apply_env_overrides, config_from_dict
+from router.commands.config_edit import edit_config
+from router.config import RouterConfig, apply_env_overrides
 from simulations.sim_config import DEFAULT_POLICY, SimConfig, defaults_document
 
 if TYPE_CHECKING:  # heavy modules (tiktoken, the replay) load inside the commands (see above)
@@ -42,6 +42,12 @@ COMPLETION = typer.Option(
 SMALL_COL = typer.Option(None, "--small-column", help="outcome column/key of the small tier")
 LARGE_COL = typer.Option(None, "--large-column", help="outcome column/key of the large tier")
 RECORDED = typer.Option(False, "--recorded-scores", help="use the trace's scores, do not re-score")
+SCORES = typer.Option(
+    None,
+    "--scores",
+    help="scores by request id (JSONL, e.g. `classifier train`'s <model>.oof.jsonl): "
+    "replayed instead of re-scoring",
+)
 JSON_OUT = typer.Option(None, "--json", help="write the full result as JSON here")
 CHART = typer.Option(None, "--chart", help="write a chart (.png or .html)")
 
@@ -103,47 +109,63 @@ def _load(
     small: str | None,
     large: str | None,
     config: Path | None,
+    scores: Path | None = None,
+    recorded: bool = False,
 ) -> tuple[SimConfig, RouterConfig | None, ReplayTrace]:
-    from simulations.trace_loader import load_trace
+    """The config and the labelled requests of the traces (a proxy trace folder's labels and
+    feedback merged in; unlabelled requests left out, said on stderr), with the scores of
+    `scores` when given. Warns when the model would score prompts it was trained on."""
+    from classifiers.config import DEFAULT_MODEL
+    from classifiers.provenance import in_sample_note
+    from simulations.trace_loader import load_labelled_trace, with_scores
 
     sim, cfg = _configs(config)
-    trace = load_trace(
+    trace, notes = load_labelled_trace(
         list(traces),
         small_column=small,
         large_column=large,
         default_completion_tokens=completion,
         context_turns=sim.context_turns,
     )
+    for note in notes:
+        typer.echo(note, err=True)
+    if scores is not None:
+        return sim, cfg, with_scores(trace, scores)
+    if not recorded:
+        note = in_sample_note(sim.model_path or DEFAULT_MODEL, trace.texts, "the results")
+        if note:
+            typer.echo(note, err=True)
     return sim, cfg, trace
 
 
-def write_threshold(path: str | Path, policy: str | None, threshold: float) -> str:
-    """Set `policies.<policy>.threshold` in the YAML file; returns the policy name written.
+def write_threshold(
+    path: str | Path, policy: str | None, threshold: float, target: tuple[str, float] | None = None
+) -> str:
+    """Set `policies.<policy>.threshold` in the YAML file, and `tuned_for` (the target it meets,
+    which `classifier promote` re-tunes to); returns the policy name written.
 
-    The edited document is validated as a whole (environment overrides included, on a copy:
-    their values never reach the file) before the file is replaced. YAML comments are not
-    preserved (PyYAML does not keep them).
+    The edited document is validated as a whole before the file is replaced atomically
+    (router/commands/config_edit.py). YAML comments are not preserved (PyYAML does not keep them).
     """
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {p}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: top level must be a mapping")
-    name = policy or data.get("default_policy") or DEFAULT_POLICY
-    policies = data.setdefault("policies", {}) or {}
-    data["policies"] = policies
-    entry = policies.setdefault(name, {"type": "threshold"})
-    spec = SPECS.get(str(entry.get("type")))
-    if spec is None or "threshold" not in spec.params.model_fields:
-        raise ConfigError(f"{p}: policies.{name} has type {entry.get('type')!r}: no threshold")
-    entry.pop("target_large_share", None)  # a fixed threshold replaces a target share
-    entry["threshold"] = round(float(threshold), 6)
-    config = config_from_dict(data, source=str(p))
-    parse_params(name, config.policies[name])
-    p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return name
+    written: list[str] = []
+
+    def edit(data: dict[str, Any]) -> None:
+        name = policy or data.get("default_policy") or DEFAULT_POLICY
+        policies = data.setdefault("policies", {}) or {}
+        data["policies"] = policies
+        entry = policies.setdefault(name, {"type": "threshold"})
+        spec = SPECS.get(str(entry.get("type")))
+        if spec is None or "threshold" not in spec.params.model_fields:
+            raise ConfigError(f"{p}: policies.{name} has type {entry.get('type')!r}: no threshold")
+        entry.pop("target_large_share", None)  # a fixed threshold replaces a target share
+        entry["threshold"] = round(float(threshold), 6)
+        if target is not None:
+            entry["tuned_for"] = {"kind": target[0], "value": float(target[1])}
+        written.append(name)
+
+    edit_config(p, edit)  # RouterConfig validation parses every policy's params
+    return written[0]
 
 
 def _measured(
@@ -175,6 +197,7 @@ def tune_command(
     small_column: str = SMALL_COL,
     large_column: str = LARGE_COL,
     recorded_scores: bool = RECORDED,
+    scores: Path = SCORES,
     json_out: Path = JSON_OUT,
     chart: Path = CHART,
 ) -> None:
@@ -201,12 +224,15 @@ def tune_command(
             small_column,
             large_column,
             config if config is not None else write,
+            scores,
+            recorded_scores,
         )
+        recorded = recorded_scores or scores is not None
         text, result = run_tune(
-            sim, trace, given[0], policy, grid, resamples, seed, recorded_scores, json_out, chart
+            sim, trace, given[0], policy, grid, resamples, seed, recorded, json_out, chart
         )
         if write:
-            name = write_threshold(write, policy, result.threshold)
+            name = write_threshold(write, policy, result.threshold, given[0])
             text += f"\nwrote policies.{name}.threshold = {result.threshold:.6g} to {write}"
         typer.echo(text)
 
@@ -224,6 +250,7 @@ def simulate_command(
     small_column: str = SMALL_COL,
     large_column: str = LARGE_COL,
     recorded_scores: bool = RECORDED,
+    scores: Path = SCORES,
     json_out: Path = JSON_OUT,
     decisions: Path = typer.Option(
         None, "--decisions", help="write each request's tier, score, cost (JSONL) here"
@@ -240,13 +267,15 @@ def simulate_command(
             sim, _ = _configs(config)
             typer.echo(run_stream(sim, traces[0], policy, recorded_scores, batch_rows, json_out))
             return
-        sim, _, trace = _load(traces, completion_tokens, small_column, large_column, config)
+        sim, _, trace = _load(
+            traces, completion_tokens, small_column, large_column, config, scores, recorded_scores
+        )
         typer.echo(
             run_simulate(
                 sim,
                 trace,
                 policy,
-                recorded_scores,
+                recorded_scores or scores is not None,
                 budgets,
                 (pacing_max, pacing_slack),
                 json_out,
@@ -297,6 +326,7 @@ def what_if_command(
     """Cost, quality, p50/p95 latency: all-large, all-small, each lever alone, then combined."""
     with _clean_errors():
         from simulations.latency import TierLatency
+        from simulations.trace import MissingTimesError
         from simulations.whatif import DEFAULT_DRAFT_LENGTH, Levers
         from simulations.whatif_report import run_whatif
 
@@ -311,16 +341,23 @@ def what_if_command(
             quant_quality=quant_quality,
             quant_cost=quant_cost,
         )
-        sim, cfg, trace = _load(traces, completion_tokens, small_column, large_column, config)
+        sim, cfg, trace = _load(
+            traces, completion_tokens, small_column, large_column, config, None, recorded_scores
+        )
         levers = replace(levers, spec_k=spec_k or sim.draft_length or DEFAULT_DRAFT_LENGTH)
         if signals is not None:
             levers, notes = _measured(levers, sim, cfg, signals)
             typer.echo("\n".join(notes))
-        typer.echo(
-            run_whatif(
+        try:
+            text = run_whatif(
                 sim, trace, policy, recorded_scores, levers, arrival_rate, seed, json_out, chart
             )
-        )
+        except MissingTimesError as exc:
+            raise MissingTimesError(
+                f"{exc}; what-if replays requests at their arrival times: give --arrival-rate "
+                "REQUESTS_PER_S to replay this trace with Poisson arrivals instead"
+            ) from None
+        typer.echo(text)
 
 
 def synth_command(

@@ -42,7 +42,7 @@ def small_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def trained(small_csv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("model") / "m.onnx"
     args = ["classifier", "train", str(small_csv), "--small", "cheap", "--large", "pricey"]
-    result = runner.invoke(app, [*args, "--out", str(out), "--seed", "3"])
+    result = runner.invoke(app, [*args, "--out", str(out), "--seed", "3", "--folds", "0"])
     assert result.exit_code == 0, result.output
     return out
 
@@ -57,7 +57,7 @@ def test_train_writes_model_and_metadata(trained: Path) -> None:
 def test_train_is_reproducible(small_csv: Path, trained: Path, tmp_path: Path) -> None:
     again = tmp_path / "again.onnx"
     args = ["classifier", "train", str(small_csv), "--small", "cheap", "--large", "pricey"]
-    result = runner.invoke(app, [*args, "--out", str(again), "--seed", "3"])
+    result = runner.invoke(app, [*args, "--out", str(again), "--seed", "3", "--folds", "0"])
     assert result.exit_code == 0, result.output
     assert again.read_bytes() == trained.read_bytes()
 
@@ -76,7 +76,7 @@ def test_train_with_several_sources_is_reproducible_and_uses_the_source_prior(
     args = ["classifier", "train", str(folder), "--small", "cheap", "--large", "pricey"]
     models = []
     for out in (tmp_path / "a.onnx", tmp_path / "b.onnx"):
-        result = runner.invoke(app, [*args, "--out", str(out), "--seed", "3"])
+        result = runner.invoke(app, [*args, "--out", str(out), "--seed", "3", "--folds", "0"])
         assert result.exit_code == 0, result.output
         models.append(out.read_bytes())
     assert models[0] == models[1]
@@ -95,7 +95,8 @@ def test_eval_reports_metrics_with_random_baseline(small_csv: Path, trained: Pat
     args = ["classifier", "eval", str(small_csv), "--small", "cheap", "--large", "pricey"]
     result = runner.invoke(app, [*args, "--model", str(trained), "--rounds", "50", "--json"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)  # the in-sample note goes to stderr
+    assert "500 of 500 prompts (100%) are among the training prompts" in result.stderr
     assert set(out) == {"bench"}
     router = out["bench"]["router"]
     assert set(router) == {"AUC", "APGR", "CPT(50%)", "CPT(80%)"}
@@ -141,3 +142,29 @@ def test_bench_prints_figures(small_csv: Path, trained: Path) -> None:
     keys = ("p50_ms", "p99_ms", "batch_prompts_per_s", "batch_overlapped_per_s", "model_bytes")
     for key in (*keys, "rss_added_by_load_mb"):
         assert key in result.output
+
+
+def test_long_commands_show_a_progress_bar_with_an_eta_on_a_terminal(
+    small_csv: Path, trained: Path, tmp_path: Path
+) -> None:
+    """On a terminal, train and eval draw a bar with count and ETA; piped, they print none."""
+    import subprocess
+    import sys
+
+    def run(args: list[str], tty: bool) -> str:
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+        if tty:  # rich treats stderr as an interactive terminal
+            env.update(TTY_COMPATIBLE="1", TTY_INTERACTIVE="1")
+        proc = subprocess.run([sys.executable, "-m", "router.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=300, check=True)
+        return proc.stderr
+
+    tiers = ["--small", "cheap", "--large", "pricey"]
+    train = ["classifier", "train", str(small_csv), *tiers, "--folds", "2", "--bootstrap", "50",
+             "--out", str(tmp_path / "m.onnx")]
+    evaluate = ["classifier", "eval", str(small_csv), *tiers, "--model", str(trained),
+                "--rounds", "50"]
+    for args in (train, evaluate):
+        drawn = run(args, tty=True)
+        assert "eta" in drawn and "/" in drawn, drawn[-500:]
+        assert "eta" not in run(args, tty=False)

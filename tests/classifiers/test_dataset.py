@@ -156,3 +156,50 @@ def test_a_folder_is_walked_in_time_order_without_feedback_or_contamination(
     # A rotated file's rows are named for the trace, not for "requests.jsonl".
     assert data.source.tolist() == ["q", "requests", "requests", "requests", "requests"]
     assert data.benchmark.tolist() == ["gsm8k", "requests", "requests", "requests", "requests"]
+
+
+def test_trace_folder_merges_labels_and_feedback_by_request_id(tmp_path: Path) -> None:
+    """A proxy trace folder: the record's own outcomes, then feedback (the answering tier), then
+    labels override per tier; side files are never read as traces; unlabelled rows are counted."""
+    from trace_format.labels import LabelRecord
+
+    def rec(i: int, **extra: object) -> dict:
+        return {"schema_version": 1, "id": f"q{i}", "time": float(i), "prompt": f"prompt {i}",
+                "tier": "small", **extra}
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    _trace(folder / "requests.jsonl", [
+        rec(0, outcomes={"small": 0.2, "large": 0.9}),  # an evaluation record: kept as is
+        rec(1, outcomes={"large": 1.0}),  # feedback gives the small tier's outcome
+        rec(2),  # labels give both
+        rec(3),  # feedback only: one outcome, so unlabelled
+        {k: v for k, v in rec(4).items() if k != "prompt"},  # labelled but no text logged
+        rec(5),  # nothing
+    ])
+    (folder / "feedback.jsonl").write_text(
+        '{"request_id": "q1", "score": 0.25}\n{"request_id": "q2", "score": 0.0}\n'
+        '{"request_id": "q3", "score": 1.0}\n{"request_id": "q1", "sco'
+    )
+    labels = [
+        LabelRecord(request_id="q2", judge="llm", outcomes={"small": 0.5, "large": 0.75}),
+        LabelRecord(request_id="q4", judge="llm", outcomes={"small": 1.0, "large": 1.0}),
+        LabelRecord(request_id="q0", judge="reference", outcomes={"large": 0.5}),
+    ]
+    (folder / "labels.jsonl").write_bytes(b"".join(label.line() for label in labels) + b"{oops")
+    (folder / "shadow.jsonl").write_text("not a trace\n")
+    (folder / "shadow-2026-12-01.jsonl").write_text("not a trace either\n")
+
+    data = load_dataset(folder, labelled_only=True)
+    assert data.ids == ["q0", "q1", "q2"]
+    assert data.small.tolist() == [0.2, 0.25, 0.5]
+    assert data.large.tolist() == [0.5, 1.0, 0.75]
+    assert (data.unlabelled, data.without_text, data.from_labels) == (2, 1, 3)
+    assert data.first_unlabelled is not None and "line 4: missing field 'outcomes.large'" in (
+        data.first_unlabelled
+    )
+    # Without labelled_only the first request without both outcomes is an error, as before.
+    with pytest.raises(DatasetError, match=r"line 4: missing field 'outcomes.large'"):
+        load_dataset(folder)
+    # The trace file named directly reads the files beside it too.
+    assert load_dataset(folder / "requests.jsonl", labelled_only=True).ids == ["q0", "q1", "q2"]

@@ -110,7 +110,7 @@ def test_experiment_through_proxy_to_report(tmp_path: Path, upstreams) -> None:
             assert http.post("/v1/feedback", json={"request_id": "nope", "score": 1}
                              ).status_code == 404
             r = http.post("/v1/feedback", json={"request_id": next(iter(ids)), "score": 7})
-            assert r.status_code == 422 and r.json()["error"]["param"] == "score"
+            assert r.status_code == 400 and r.json()["error"]["param"] == "score"
             metrics = http.get("/metrics").text
         assert 'cost_router_experiment_requests_total{arm="treatment"' in metrics
 

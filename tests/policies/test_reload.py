@@ -1,4 +1,5 @@
-"""Hot reload: a valid file swaps policies/experiments; a bad file keeps the old config."""
+"""Hot reload: a valid file swaps policies/experiments; a bad file keeps the old config; a file
+is applied only once it has stopped changing; a reload logs what it changed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import yaml
 
 from policies.selection import PolicySelector
 from router.config import RouterConfig, load_config
-from router.reload import ConfigReloader
+from router.reload import ConfigReloader, describe_changes
 from router.state import build_selector
 from tests.support.waiting import wait_for
 
@@ -51,7 +52,9 @@ def env(tmp_path: Path):
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(_doc(0.5)))
     holder = Holder(path)
-    return path, holder, ConfigReloader(path, lambda: holder.config, holder.apply, interval_s=0.05)
+    # No quiet period: each check_file() applies what it sees (the debounce has its own tests).
+    return path, holder, ConfigReloader(path, lambda: holder.config, holder.apply, interval_s=0.05,
+                                        debounce_s=0)
 
 
 def _write(path: Path, text: str) -> None:
@@ -185,3 +188,108 @@ def test_sighup_reloads_real_server(tmp_path: Path) -> None:
         finally:
             stop_process(proc)
             log.close()
+
+
+def test_a_change_is_applied_only_once_the_file_stops_changing(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(_doc(0.5)))
+    holder = Holder(path)
+    reloader = ConfigReloader(path, lambda: holder.config, holder.apply, debounce_s=0.3)
+    _write(path, yaml.safe_dump(_doc(0.4)))
+    assert asyncio.run(reloader.check_file()) is None and reloader.settling  # just seen: wait
+    _write(path, yaml.safe_dump(_doc(0.3)))  # still being written: the quiet period restarts
+    assert asyncio.run(reloader.check_file()) is None and holder.threshold() == 0.5
+    applied: list[bool | None] = []
+    wait_for(lambda: applied.append(asyncio.run(reloader.check_file())) or applied[-1], 10,
+             "the settled file to be applied")
+    assert holder.threshold() == 0.3 and reloader.reloads == 1 and not reloader.settling
+    assert applied[:-1] and set(applied[:-1]) == {None}  # never before the quiet period ended
+
+
+def test_reload_logs_what_changed_without_key_hashes(env, caplog) -> None:
+    path, holder, reloader = env
+    digest = "ab" * 32
+    doc = _doc(0.3, teams={"red": {"policy": "main"}},
+               keys=[{"key_sha256": digest, "team": "red", "name": "ci"}])
+    doc["policies"]["cheap"] = {"type": "fixed", "tier": "small"}
+    _write(path, yaml.safe_dump(doc))
+    with caplog.at_level(logging.INFO, logger="cost_router.reload"):
+        assert asyncio.run(reloader.check_file()) is True
+    line = next(r.getMessage() for r in caplog.records if "config reloaded" in r.getMessage())
+    assert "teams +red" in line and f"keys +{digest[:16]}" in line
+    assert "policies +cheap ~main" in line
+    assert digest not in line  # the public key id (a hash prefix), never the whole hash
+    before = holder.config
+    doc["teams"] = {"blue": {}}
+    doc["keys"] = [{"key_sha256": digest, "team": "blue"}]
+    after = holder.config.model_validate({**before.model_dump(mode="json"), "teams": doc["teams"],
+                                          "keys": doc["keys"]})
+    assert describe_changes(before, after) == f"teams +blue -red; keys ~{digest[:16]}"
+    assert describe_changes(before, before) == "no routing changes"
+
+
+def test_a_file_written_in_two_steps_never_drops_teams_and_keys(tmp_path: Path) -> None:
+    """The proxy polls its config file; a tool writes it in place in two steps, the first valid
+    YAML without `teams:` and `keys:`. Requests keep succeeding and the final file is applied."""
+    import threading
+
+    import httpx
+
+    from benchmarks.echo_upstream import running_echo_upstream
+    from policies.keys import hash_key
+    from tests.support.proxy import ProxyThread, tier
+
+    key = "sk-test-reload"
+
+    def doc(url: str, fixed: str, with_keys: bool) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "server": {"reload_debounce_s": 2.0},
+            "tiers": [tier("small", url), tier("large", url, price=(10, 10))],
+            "traces": {"path": str(tmp_path / "traces" / "requests.jsonl")},
+            "signals": {"enabled": False}, "auth": {"required": True},
+            "default_policy": "a", "policies": {"a": {"type": "fixed", "tier": fixed}},
+        }
+        if with_keys:
+            data["teams"] = {"alpha": {}}
+            data["keys"] = [{"key_sha256": hash_key(key), "team": "alpha"}]
+        return data
+
+    with running_echo_upstream() as url:
+        path = tmp_path / "router.yaml"
+        path.write_text(yaml.safe_dump(doc(url, "small", True)))
+        with ProxyThread(load_config(path), config_path=path) as proxy:
+            reloader: ConfigReloader = proxy.app.state.reloader
+            statuses: list[tuple[int, str]] = []
+            done = threading.Event()
+
+            def load() -> None:
+                with httpx.Client(base_url=proxy.url, timeout=10) as client:
+                    while not done.is_set():
+                        r = client.post("/v1/chat/completions", headers={
+                            "authorization": f"Bearer {key}"}, json={
+                            "model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+                        statuses.append((r.status_code, r.headers.get("x-router-tier", "")))
+
+            worker = threading.Thread(target=load, daemon=True)
+            worker.start()
+            try:
+                wait_for(lambda: len(statuses) >= 5, 20, "requests before the edit")
+                final = yaml.safe_dump(doc(url, "large", True))
+                first = yaml.safe_dump(doc(url, "large", False))  # valid, but no teams/keys yet
+                with path.open("w") as fh:  # in place, as an editor or `cat > file` does
+                    fh.write(first)
+                    fh.flush()
+                    # The watcher has seen the first step (or, without a debounce, applied it).
+                    wait_for(lambda: reloader.reloads > 0 or getattr(reloader, "settling", False),
+                             20, "the watcher to see the first step")
+                    fh.seek(0)
+                    fh.write(final)
+                    fh.truncate()
+                wait_for(lambda: statuses[-1] == (200, "large"), 20,
+                         "the final file to be applied")
+            finally:
+                done.set()
+                worker.join(timeout=15)
+    rejected = [s for s in statuses if s[0] != 200]
+    assert not rejected, f"{len(rejected)} of {len(statuses)} requests failed: {rejected[:3]}"
+    assert reloader.reloads == 1 and reloader.failures == 0

@@ -76,3 +76,43 @@ def test_config_check_ok_and_bad_input_exits_2_naming_file_and_key(tmp_path: Pat
     assert res.exit_code == 2
     assert str(bad) in res.output and "server.port" in res.output
     assert "Traceback" not in res.output
+
+
+def test_broken_yaml_names_the_file_and_line_not_a_unicode_string(tmp_path: Path) -> None:
+    bad = tmp_path / "router.yaml"
+    bad.write_text("tiers:\n  - name: a\n    base_url: [oops\nserver: {port: 1}\n")
+    res = CliRunner().invoke(cli, ["config", "check", str(bad)])
+    assert res.exit_code == 2
+    assert "<unicode string>" not in res.output
+    assert f"{bad} is not valid YAML: line 4, column 7" in res.output
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"COST_ROUTER__SERVER__PORT": "abc"},
+     "server.port (set by COST_ROUTER__SERVER__PORT): Input should be a valid integer"),
+    ({"COST_ROUTER__SERVER__PROT": "1"}, "server.prot (set by COST_ROUTER__SERVER__PROT)"),
+    ({"COST_ROUTER__SERVER__PORT": "["}, "environment variable COST_ROUTER__SERVER__PORT: not a "
+                                          "YAML value"),
+    ({"COST_ROUTER__TIERS__7__NAME": "x"}, "environment variable COST_ROUTER__TIERS__7__NAME: "
+                                            "no key tiers.7.name to set"),
+])  # fmt: skip
+def test_a_bad_environment_override_names_the_variable_not_the_file(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ=env)
+    assert expected in str(err.value)
+    assert f"invalid configuration in {path}" not in str(err.value)  # the file is fine
+
+
+def test_a_file_error_next_to_an_override_still_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "server": {"port": 0}}))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={"COST_ROUTER__SERVER__HOST": "1"})
+    message = str(err.value)
+    assert f"invalid configuration in {path}" in message
+    assert "server.host (set by COST_ROUTER__SERVER__HOST)" in message
+    assert "  server.port: Input should be greater than or equal to 1" in message

@@ -115,15 +115,17 @@ def test_bad_inputs_map_to_openai_errors(client: OpenAI, proxy: ProxyThread) -> 
         client.chat.completions.create(model="router:nope", messages=[{"role": "user",
                                                                       "content": "x"}])  # fmt: skip
     assert nf.value.status_code == 404
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="auto", messages=[])
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="auto", messages=[{"role": "user", "content": 7}])
     url = proxy.url + "/v1/chat/completions"
-    assert httpx.post(url, content=b"{oops").status_code == 400
-    assert httpx.post(url, content=b'{"model":"auto","messages":"\xc3\x28"}').status_code == 400
+    js = {"content-type": "application/json"}
+    assert httpx.post(url, content=b"{oops", headers=js).status_code == 400
+    raw = b'{"model":"auto","messages":"\xc3\x28"}'
+    assert httpx.post(url, content=raw, headers=js).status_code == 400
     big = b'{"model":"auto","messages":[{"role":"user","content":"' + b"a" * 70000 + b'"}]}'
-    assert httpx.post(url, content=big).status_code == 413
+    assert httpx.post(url, content=big, headers=js).status_code == 413
 
 
 def test_client_disconnect_cancels_llama_generation(

@@ -61,11 +61,12 @@ def http(proxy: ProxyThread) -> Iterator[httpx.Client]:
 
 def _post(http: httpx.Client, body: Any) -> httpx.Response:
     # stdlib json: it writes integers of any size (and NaN-free floats), like a real client.
-    return http.post("/v1/chat/completions", content=json.dumps(body))
+    return http.post("/v1/chat/completions", content=json.dumps(body),
+                     headers={"content-type": "application/json"})
 
 
 def _assert_openai_error(r: httpx.Response) -> None:
-    assert r.status_code in (400, 404, 413, 422), (r.status_code, r.text)
+    assert r.status_code in (400, 404, 413), (r.status_code, r.text)
     err = r.json()["error"]
     assert isinstance(err["message"], str) and err["type"] and err["code"]
 
@@ -100,7 +101,8 @@ def test_mutated_bodies_answered_or_rejected_cleanly(
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(raw=st.binary(max_size=300))
 def test_arbitrary_bytes_never_500(http: httpx.Client, raw: bytes) -> None:
-    r = http.post("/v1/chat/completions", content=raw)
+    r = http.post("/v1/chat/completions", content=raw,
+                  headers={"content-type": "application/json"})
     if r.status_code != 200:
         _assert_openai_error(r)
 

@@ -110,10 +110,15 @@ def test_relay_reads_usage_after_null_usage_chunks_and_counts_nothing_itself() -
     assert orjson.loads(out.split(b"\n\n")[-3][6:])["usage"]["prompt_tokens"] == 7
 
 
-def test_relay_flags_an_error_event_after_content() -> None:
-    error = b"data: " + orjson.dumps({"error": {"message": "overloaded"}}) + b"\n\n"
+def test_relay_replaces_an_upstream_error_event_and_ends_without_done() -> None:
+    """The upstream's error text (which may name its internals) goes to the log, not the client:
+    the client gets the error class and the request id, and no [DONE] after it."""
+    error = b"data: " + orjson.dumps({"error": {"message": "overloaded at 10.0.0.7"}}) + b"\n\n"
     out, meter = run_relay(chunk("a") + error + b"data: [DONE]\n\n", 4096, want_usage=False)
-    assert meter.error == "upstream_error" and b"overloaded" in out
+    assert meter.error == "upstream_error" and b"10.0.0.7" in (meter.error_detail or "").encode()
+    assert b"10.0.0.7" not in out and b"[DONE]" not in out
+    last = orjson.loads(out.rsplit(b"data: ", 1)[-1])
+    assert last["error"]["code"] == "upstream_error"
 
 
 def _split_by_regex(buffer: bytes) -> tuple[list[bytes], bytes]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -123,9 +124,13 @@ def test_cli_report_png_html(tmp_path: Path) -> None:
                             "--traces", str(traces / "requests.jsonl.1"), "--experiment", "exp",
                             "--out", str(html)])
     assert r.exit_code == 0, r.output
-    assert "data:image/png;base64," in html.read_text() and "treat - control" in html.read_text()
-    r = runner.invoke(app, ["ab", "report", "--traces", str(traces), "--experiment", "nope"])
-    assert r.exit_code == 1 and "no traced requests for experiment 'nope'" in r.output
+    page = html.read_text()
+    assert "data:image/png;base64," in page and "<pre>" not in page
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", page)  # real tables, not a text dump
+    assert "share to large" in cells and "treat - control" in cells and "Welch t" in cells
+    assert page.index("<table>") < page.index("data:image/png;base64,")
+    r = runner.invoke(app, ["ab", "report", "-t", str(traces), "--experiment", "nope"])
+    assert r.exit_code == 2 and "no traced requests for experiment 'nope'" in r.output
 
 
 def test_reads_through_the_one_trace_reader(tmp_path: Path) -> None:
@@ -156,10 +161,130 @@ def test_cli_assign_matches_experiment(tmp_path: Path) -> None:
         "experiments:\n"
         "  - {name: e, unit: team, arms: {x: {policy: a, weight: 1}, y: {policy: b, weight: 2}}}\n"
     )
-    r = CliRunner().invoke(app, ["ab", "assign", str(cfg), "--experiment", "e", "t1", "t2", "t3"])
+    r = CliRunner().invoke(app, ["ab", "assign", "-c", str(cfg), "--experiment", "e",
+                                 "t1", "t2", "t3"])  # fmt: skip
     assert r.exit_code == 0, r.output
     exp = Experiment(load_config(cfg, environ={}).experiments[0])
     want = [f"{u}\t{exp.arm_for(u)}\t{exp.policy_of(exp.arm_for(u))}" for u in ("t1", "t2", "t3")]
     assert r.output.splitlines() == want
-    r = CliRunner().invoke(app, ["ab", "assign", str(cfg), "--experiment", "zz", "t1"])
-    assert r.exit_code == 1 and "no experiment 'zz'" in r.output
+    r = CliRunner().invoke(app, ["ab", "assign", "--config", str(cfg), "--experiment", "zz", "t1"])
+    assert r.exit_code == 2 and "no experiment 'zz'" in r.output  # bad input
+    r = CliRunner().invoke(app, ["ab", "report", "-t", str(tmp_path), "-c", str(cfg),
+                                 "--experiment", "zz"])  # fmt: skip
+    assert r.exit_code == 2 and "no experiment 'zz'" in r.output
+
+
+def _clustered_records(arm: str, users: int, per_user: int, rng: np.random.Generator,
+                       user_prefix: str | None = None) -> list[dict]:
+    """Requests of `users` users assigned whole to `arm`; each user's own large share, cost level
+    and latency level vary a lot between users (as real users' traffic does)."""
+    out = []
+    for u in range(users):
+        p_user = rng.beta(0.6, 1.4)  # mean 0.3, very spread between users
+        slow = rng.lognormal(0.0, 0.6)
+        for i in range(per_user):
+            tier = "large" if rng.random() < p_user else "small"
+            out.append({
+                "schema_version": 1, "id": f"{arm}-{u}-{i}", "time": float(i), "experiment": "exp",
+                "arm": arm, "tier": tier, "user": f"{user_prefix or arm}-user-{u}",
+                "prompt_tokens": 100, "completion_tokens": 100, "cost_usd": PRICE[tier],
+                "latency_ms": float(rng.exponential(LAT[tier] * slow)), "status": 200,
+                "feedback": float(np.clip(rng.normal(0.3 + 0.5 * p_user, 0.1), 0, 1)),
+            })
+    return out
+
+
+def _width(e) -> float:  # noqa: ANN001 - an Estimate
+    return e.high - e.low
+
+
+def test_user_assignment_gets_a_cluster_bootstrap_with_wider_intervals() -> None:
+    # Issue 16: with users as the unit, requests are not independent; per-request intervals were
+    # too narrow. 40 users per arm, 50 requests each, arms identical in truth.
+    rng = np.random.default_rng(16)
+    recs = (_clustered_records("control", 40, 50, rng)
+            + _clustered_records("treat", 40, 50, rng))
+    naive = build_report(recs, "exp", unit="request")
+    clustered = build_report(recs, "exp", unit="user")
+    assert naive.unit == "request" and clustered.unit == "user"
+    n_arms = {a.arm: a for a in naive.arms}
+    for arm in clustered.arms:
+        assert arm.units == 40 and arm.requests == 2000
+        for metric in ("large_share", "cost_per_1k", "feedback", "latency_p50"):
+            ratio = _width(getattr(arm, metric)) / _width(getattr(n_arms[arm.arm], metric))
+            assert ratio > 2.0, (arm.arm, metric, ratio)
+            est = getattr(arm, metric)
+            assert est.low <= est.value <= est.high, (arm.arm, metric)
+    n_diff = {c.metric: c for c in naive.comparisons}
+    for c in clustered.comparisons:
+        assert c.test == "cluster bootstrap"
+        assert _width(c.diff) > 2.0 * _width(n_diff[c.metric].diff), c.metric
+    table = format_table(clustered)
+    assert "assignment unit user (the experiment's unit in the config)" in table
+    assert "80 users, cluster bootstrap" in table
+
+
+def test_cluster_interval_matches_the_true_spread_between_experiments() -> None:
+    # The interval must be about as wide as the estimate really varies between experiments:
+    # rerun the same experiment 200 times (fresh users) and measure the large share's spread.
+    rng = np.random.default_rng(7)
+    shares = []
+    for _ in range(200):
+        p_user = rng.beta(0.6, 1.4, size=40)
+        shares.append(rng.binomial(50, p_user).sum() / 2000)
+    true_half_width = 1.96 * float(np.std(shares))
+    recs = _clustered_records("control", 40, 50, rng) + _clustered_records("treat", 40, 50, rng)
+    clustered = build_report(recs, "exp", unit="user").arms[0].large_share
+    naive = build_report(recs, "exp", unit="request").arms[0].large_share
+    assert 0.6 < (_width(clustered) / 2) / true_half_width < 1.6
+    assert (_width(naive) / 2) / true_half_width < 0.5  # what the report used to claim
+
+
+def test_the_unit_is_inferred_from_the_traces_without_a_config() -> None:
+    rng = np.random.default_rng(3)
+    recs = _clustered_records("control", 20, 10, rng) + _clustered_records("treat", 20, 10, rng)
+    rep = build_report(recs, "exp")
+    assert rep.unit == "user" and "inferred from the traces" in rep.unit_source
+    teams = [{**r, "team": r["arm"]} for r in recs]  # one team per arm: the coarsest pure field
+    assert build_report(teams, "exp").unit == "team"
+    header = build_report(recs, "exp", unit="header")
+    assert header.unit == "request" and "header" in header.unit_source
+
+
+def test_per_request_assignment_is_unchanged() -> None:
+    # Users appear in both arms: assignment was per request, so requests are resampled as before.
+    rng = np.random.default_rng(5)
+    recs = _records("control", 1500, 0.2, rng, 0.6) + _records("treat", 1500, 0.4, rng, 0.7)
+    with_users = [{**r, "user": f"u{i % 30}"} for i, r in enumerate(recs)]
+    plain = build_report(recs, "exp")
+    mixed = build_report(with_users, "exp")
+    assert plain.unit == mixed.unit == "request"
+    assert plain.arms == mixed.arms == build_report(recs, "exp", unit="request").arms
+    assert plain.comparisons == mixed.comparisons
+    assert {c.test for c in plain.comparisons} == {"chi-square", "Welch t", "Mood median",
+                                                   "bootstrap"}
+    assert "intervals treat requests as independent" in format_table(plain)
+
+
+def test_cli_report_resamples_the_configs_unit(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    recs = _clustered_records("control", 15, 8, rng) + _clustered_records("treat", 15, 8, rng)
+    _write(tmp_path / "requests.jsonl", recs)
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(
+        "tiers:\n"
+        "  - {name: small, base_url: 'http://s', model: m, price: {input_per_mtok: 1, "
+        "output_per_mtok: 1}}\n"
+        "  - {name: large, base_url: 'http://l', model: m, price: {input_per_mtok: 9, "
+        "output_per_mtok: 9}}\n"
+        "policies: {a: {type: fixed}, b: {type: fixed, tier: large}}\n"
+        "default_policy: a\n"
+        "experiments:\n"
+        "  - {name: exp, unit: user, arms: {control: {policy: a, weight: 1}, "
+        "treat: {policy: b, weight: 1}}}\n"
+    )
+    r = CliRunner().invoke(app, ["ab", "report", "--traces", str(tmp_path), "--experiment", "exp",
+                                 "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert "assignment unit user (the experiment's unit in the config)" in r.output
+    assert "traffic split (users per arm)" in r.output and "cluster bootstrap" in r.output

@@ -12,6 +12,7 @@ from trace_format.feedback import FEEDBACK_FILE, feedback_line, feedback_path_fo
 from trace_format.reader import (
     TraceFormatError,
     data_files,
+    is_trace_file,
     iter_lines,
     iter_records,
     parse_line,
@@ -127,3 +128,13 @@ def test_request_text_and_upstream_text_read_both_body_kinds() -> None:
     assert upstream_text(chat) == "be brief\nhello"
     assert request_text({"prompt": ["a", "b"]}) == upstream_text({"prompt": ["a", "b"]}) == "a\nb"
     assert upstream_text({"prompt": [1, 2, 3]}) == ""
+
+
+def test_side_files_beside_the_traces_are_not_traces(tmp_path: Path) -> None:
+    # A proxy trace folder: feedback, the judges' labels and shadow answers sit beside the traces.
+    for name in ("requests.jsonl.1", "requests.jsonl", "feedback.jsonl", "labels.jsonl",
+                 "shadow.jsonl", "shadow.jsonl.1", "shadow-2026-12-01.jsonl"):
+        (tmp_path / name).write_text("{}\n")
+    assert [p.name for p in data_files(tmp_path)] == ["requests.jsonl.1", "requests.jsonl"]
+    assert not is_trace_file(tmp_path / "labels.jsonl")
+    assert is_trace_file(tmp_path / "eval-labels.jsonl")  # only the exact names are side files

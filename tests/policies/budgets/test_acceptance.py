@@ -1,5 +1,6 @@
 """Acceptance: exact budgets across two proxy processes sharing one real Redis, replica death,
 and Redis outages (on a private redis-server with AOF; the shared one on 6379 is never stopped).
+Each test ends with the budget audit invariant (tests/support/audit.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from policies.budgets.estimate import prompt_token_bound
 from policies.budgets.ledger import spend_from_ledger
 from policies.budgets.money import usd_to_nanos
 from policies.budgets.redis_store import RedisBudgetStore
-from policies.config import BudgetsConfig
+from policies.config import BudgetLimit, BudgetsConfig
 from policies.keys import hash_key
+from tests.support.audit import Told, check_budget_invariant
 from tests.support.budgets import (
     REDIS_URL,
     delete_prefix,
@@ -54,7 +56,7 @@ def worst_nanos(price: Price, b: dict[str, Any]) -> int:
 
 
 def write_config(path: Path, upstream: str, prefix: str, redis_url: str = REDIS_URL,
-                 **budgets: Any) -> Path:
+                 traces: Path | None = None, **budgets: Any) -> Path:
     cfg = {
         "tiers": [
             {"name": "small", "base_url": upstream, "model": "echo-small",
@@ -72,10 +74,20 @@ def write_config(path: Path, upstream: str, prefix: str, redis_url: str = REDIS_
         "auth": {"required": True},
         "budgets": {"store": "redis", "redis_url": redis_url, "key_prefix": prefix,
                     "redis_timeout_s": 5, **budgets},
-        "traces": {"path": None},
+        "traces": {"path": None if traces is None else str(traces)},
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+LIMITS = {t: BudgetLimit(limit_usd=LIMIT_NANOS / 1e9, period="total") for t in TEAMS}
+
+
+def audit(prefix: str, told: Told, redis_url: str = REDIS_URL,
+          traces: list[Path] | None = None) -> None:
+    """The budget audit invariant over every team, as the proxies' store sees it."""
+    cfg = BudgetsConfig(store="redis", redis_url=redis_url, key_prefix=prefix)
+    check_budget_invariant(cfg, LIMITS, told, traces or [])
 
 
 class Ledger:
@@ -154,6 +166,7 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
 ) -> None:
     cfg = write_config(tmp_path / "router.yaml", upstream, prefix)
     ledger = Ledger(prefix)
+    told = Told()
     with proxies([cfg, cfg], tmp_path) as (a, b):
         async def storm() -> list[tuple[str, httpx.Response]]:
             limits = httpx.Limits(max_connections=200)
@@ -165,18 +178,18 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
 
         results = asyncio.run(storm())
         ledger.wait_settled(TEAMS)
-        told: dict[str, int] = dict.fromkeys(TEAMS, 0)
         for team, resp in results:
-            if resp.status_code == 200:
-                told[team] += usd_to_nanos(float(resp.headers["x-router-cost-usd"]))
-            else:
+            told.response(team, resp)
+            if resp.status_code != 200:
                 assert resp.status_code == 429, resp.text
                 assert resp.json()["error"]["code"] == "budget_exceeded"
-                assert "retry-after" not in resp.headers  # a 'total' budget never resets
+                # A 'total' budget never resets: a Retry-After only when requests in flight
+                # hold what this one needed (it may fit once they settle).
+                if "retry-after" in resp.headers:
+                    assert "in flight" in resp.json()["error"]["message"]
+                    assert resp.headers["retry-after"] == "1"
+        audit(prefix, told)  # spend <= limit, == ledger == told, nothing reserved
         for team in TEAMS:
-            spent = ledger.spent(team)
-            assert spent <= LIMIT_NANOS, (team, spent - LIMIT_NANOS)
-            assert spent == ledger.ledger_sum(team) == told[team]
             assert ledger.rebuilt_matches(team)
             ok = sum(1 for t, r in results if t == team and r.status_code == 200)
             # Even if all of a team's requests reserved at the same instant, this many fit.
@@ -196,6 +209,7 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
             async with httpx.AsyncClient(timeout=30) as client:
                 for i in range(200):
                     resp = await _post(client, a.url, team, body(team, 1000 + i))
+                    told.response(team, resp)
                     if resp.status_code == 429:
                         ledger.wait_settled([team])
                         left = LIMIT_NANOS - ledger.spent(team)
@@ -206,6 +220,7 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
 
         for team in TEAMS:
             asyncio.run(drain(team))
+        audit(prefix, told)
 
 
 def test_killed_replica_reservations_are_reclaimed_within_the_lease(
@@ -241,13 +256,16 @@ def test_killed_replica_reservations_are_reclaimed_within_the_lease(
         assert ledger.spent("t0") == 0  # the dead replica's requests were never charged
         # The whole budget is usable again from the surviving replica.
         ok = 0
+        told = Told()  # the killed replica's clients got no answer, and were charged nothing
         with httpx.Client(timeout=30) as client:
             for i in range(20):
                 r = client.post(survivor.url + "/v1/chat/completions", json=body("t0", 100 + i),
                                 headers={"authorization": f"Bearer {key_of('t0')}"})
                 assert r.status_code == 200 and "x-router-downgraded" not in r.headers
+                told.response("t0", r)
                 ok += 1
         assert ok == 20
+        audit(prefix, told)
 
 
 def test_redis_outage_fail_closed_503_fail_open_journal_and_no_double_charge(
@@ -262,15 +280,17 @@ def test_redis_outage_fail_closed_503_fail_open_journal_and_no_double_charge(
         ledger = Ledger(prefix, server.url)
         with proxies([closed, opened], tmp_path) as (pc, po):
             told = 0
+            told_by = Told()
             with httpx.Client(timeout=30) as client:
                 def post(p: Any, i: int, **extra: Any) -> httpx.Response:
                     return client.post(p.url + "/v1/chat/completions", json=body("t1", i, **extra),
                                        headers={"authorization": f"Bearer {key_of('t1')}"})
 
-                for i in range(5):
-                    r = post(pc, i)
+                for i in range(6):  # the last on the fail-open replica: it has seen the key
+                    r = post(pc if i < 5 else po, i)
                     assert r.status_code == 200
                     told += usd_to_nanos(float(r.headers["x-router-cost-usd"]))
+                    told_by.response("t1", r)
                 ledger.wait_settled(["t1"])
                 assert ledger.spent("t1") == told
 
@@ -291,13 +311,15 @@ def test_redis_outage_fail_closed_503_fail_open_journal_and_no_double_charge(
                 for r in slow:  # admitted before the outage: answered, settle is journaled
                     assert r.status_code == 200
                     told += usd_to_nanos(float(r.headers["x-router-cost-usd"]))
+                    told_by.response("t1", r)
 
                 r = post(pc, 60)
                 assert r.status_code == 503
                 assert r.json()["error"]["code"] == "budget_unavailable"
                 r = post(po, 61)  # fail open: admitted, charged once Redis is back
-                assert r.status_code == 200
+                assert r.status_code == 200, r.text
                 told += usd_to_nanos(float(r.headers["x-router-cost-usd"]))
+                told_by.response("t1", r)
 
                 server.start()  # same directory: the AOF is replayed
                 deadline = time.monotonic() + 15
@@ -306,26 +328,32 @@ def test_redis_outage_fail_closed_503_fail_open_journal_and_no_double_charge(
                 ledger.wait_settled(["t1"])
                 assert ledger.spent("t1") == told == ledger.ledger_sum("t1")
                 rids = [e["rid"] for e in ledger.entries("t1")]
-                assert len(rids) == len(set(rids)) == 10  # nothing charged twice
+                assert len(rids) == len(set(rids)) == 11  # nothing charged twice
                 assert ledger.rebuilt_matches("t1")
 
                 # A second hard restart loses no settled spend.
                 server.kill()
                 server.start()
                 assert ledger.spent("t1") == told == ledger.ledger_sum("t1")
-                assert post(pc, 70).status_code == 200
+                r = post(pc, 70)
+                assert r.status_code == 200
+                told_by.response("t1", r)
+                audit(prefix, told_by, server.url)
 
 
 def test_stream_disconnect_settles_what_was_produced(
     upstream: str, prefix: str, tmp_path: Path
 ) -> None:
-    cfg = write_config(tmp_path / "router.yaml", upstream, prefix)
+    trace = tmp_path / "traces" / "requests.jsonl"
+    cfg = write_config(tmp_path / "router.yaml", upstream, prefix, traces=trace)
     ledger = Ledger(prefix)
+    told = Told()
     with proxies([cfg], tmp_path) as (p,), httpx.Client(timeout=30) as client:
         full = body("t2", 1, stream=True, stream_options={"include_usage": True})
         with client.stream("POST", p.url + "/v1/chat/completions", json=full,
                            headers={"authorization": f"Bearer {key_of('t2')}"}) as r:
             chunks = [line for line in r.iter_lines() if line.startswith("data: ")]
+            told.stream("t2", r, chunks)
         assert chunks[-1] == "data: [DONE]"
         ledger.wait_settled(["t2"])
         whole = ledger.spent("t2")
@@ -337,7 +365,9 @@ def test_stream_disconnect_settles_what_was_produced(
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break  # hang up after the first chunk
+            told.add("t2", r.headers["x-router-request-id"], None)  # it left before the cost
         ledger.wait_settled(["t2"])
         partial = ledger.spent("t2") - whole
         assert 0 < partial < ACTUAL_LARGE_NANOS  # the prompt and what was produced, not more
         assert len(ledger.entries("t2")) == 2
+        audit(prefix, told, traces=[trace])  # the hang-up's charge is the one its trace shows

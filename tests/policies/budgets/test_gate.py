@@ -13,6 +13,7 @@ from router.budget_gate import BudgetGate
 from router.config import RouterConfig, config_from_dict
 from router.errors import RouterError
 
+CHAT = "chat/completions"
 BODY = {"model": "auto", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -42,33 +43,82 @@ def test_the_chain_as_chosen_when_it_fits() -> None:
     cfg = config(1.0)
     gate = gate_for(cfg)
     small, large = cfg.tier("small"), cfg.tier("large")
-    admitted = asyncio.run(gate.reserve("r1", Identity("a"), BODY, [small, large]))
+    admitted = asyncio.run(gate.reserve("r1", Identity("a"), BODY, [small, large], endpoint=CHAT))
     assert names(admitted.chain) == ["small", "large"] and not admitted.downgraded
 
 
 def test_a_pricier_fallback_is_dropped_when_only_the_first_tier_fits() -> None:
     cfg = config(0.005)  # small's worst case (~$0.0002) fits, large's (~$0.02) does not
     small, large = cfg.tier("small"), cfg.tier("large")
-    admitted = asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [small, large]))
+    admitted = asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [small, large],
+        endpoint=CHAT))
     assert names(admitted.chain) == ["small"] and not admitted.downgraded
 
 
 def test_downgrade_to_a_cheaper_tier_of_the_policy() -> None:
     cfg = config(0.005)
     small, large = cfg.tier("small"), cfg.tier("large")
-    admitted = asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small]))
+    admitted = asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small],
+        endpoint=CHAT))
     assert names(admitted.chain) == ["small"] and admitted.downgraded
 
 
-def test_nothing_fits_or_downgrade_off_is_429_with_retry_after() -> None:
+def test_nothing_fits_or_downgrade_off_is_429() -> None:
     cfg = config(0.005, downgrade=False)
     small, large = cfg.tier("small"), cfg.tier("large")
     with pytest.raises(RouterError) as err:
-        asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small]))
+        asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small],
+            endpoint=CHAT))
     assert err.value.status == 429 and err.value.code == "budget_exceeded"
-    assert 1 <= int(err.value.headers["retry-after"]) <= 86400
     with pytest.raises(RouterError):
-        asyncio.run(gate_for(config(0.0)).reserve("r1", Identity("a"), BODY, [large], [small]))
+        asyncio.run(gate_for(config(0.0)).reserve("r1", Identity("a"), BODY, [large], [small],
+            endpoint=CHAT))
+
+
+def refusal(gate: BudgetGate, cfg: RouterConfig, request_id: str) -> RouterError:
+    with pytest.raises(RouterError) as err:
+        asyncio.run(gate.reserve(request_id, Identity("a"), BODY, [cfg.tier("large")],
+                                 endpoint=CHAT))  # fmt: skip
+    assert err.value.status == 429 and err.value.code == "budget_exceeded"
+    return err.value
+
+
+def test_a_worst_case_above_the_whole_limit_says_so_and_has_no_retry_after() -> None:
+    # large's worst case for BODY: (~100 prompt + 100) tokens x $100/M = ~$0.02 > $0.005.
+    cfg = config(0.005, downgrade=False)
+    err = refusal(gate_for(cfg), cfg, "r1")
+    assert "retry-after" not in err.headers  # nothing was spent: no wait ever makes it fit
+    assert "worst case $0.0" in err.message and "100 completion tokens" in err.message
+    assert "the daily spend limit $0.005 itself" in err.message
+    assert "lower max_tokens" in err.message and "raise the limit" in err.message
+
+
+def test_spent_budget_says_what_is_left_and_retries_after_the_reset() -> None:
+    cfg = config(0.03, downgrade=False)
+    gate = gate_for(cfg)
+    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT))
+    asyncio.run(gate.settle("r1", 0.015, 100))
+    err = refusal(gate, cfg, "r2")
+    assert "what is left of the daily spend limit $0.03, $0.015" in err.message
+    assert 1 <= int(err.headers["retry-after"]) <= 86400  # the daily reset
+
+
+def test_held_by_requests_in_flight_retries_soon() -> None:
+    cfg = config(0.03, downgrade=False)
+    gate = gate_for(cfg)
+    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT))
+    err = refusal(gate, cfg, "r2")  # r1 holds ~$0.02 of $0.03; nothing is spent yet
+    assert "held by requests in flight" in err.message
+    assert err.headers["retry-after"] == "1"
+
+
+def test_a_spent_total_limit_never_resets_so_no_retry_after() -> None:
+    cfg = config(0.03, downgrade=False, period="total")
+    gate = gate_for(cfg)
+    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT))
+    asyncio.run(gate.settle("r1", 0.015, 100))
+    err = refusal(gate, cfg, "r2")
+    assert "retry-after" not in err.headers and "never resets" in err.message
 
 
 def test_rate_limits_are_not_escaped_by_downgrading() -> None:
@@ -77,9 +127,9 @@ def test_rate_limits_are_not_escaped_by_downgrading() -> None:
     small, large = cfg.tier("small"), cfg.tier("large")
 
     async def main() -> None:
-        await gate.reserve("r1", Identity("a"), BODY, [large], [small])
+        await gate.reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
         with pytest.raises(RouterError) as err:
-            await gate.reserve("r2", Identity("a"), BODY, [large], [small])
+            await gate.reserve("r2", Identity("a"), BODY, [large], [small], endpoint=CHAT)
         assert err.value.code == "rate_limit_exceeded" and err.value.headers["retry-after"]
 
     asyncio.run(main())
@@ -88,5 +138,5 @@ def test_rate_limits_are_not_escaped_by_downgrading() -> None:
 def test_unbounded_requests_get_the_default_max_tokens() -> None:
     gate = gate_for(config(1.0))
     body = {k: v for k, v in BODY.items() if k != "max_tokens"}
-    assert gate.bound_body(body)["max_tokens"] == 1024
-    assert gate.bound_body(BODY) is BODY
+    assert gate.bound_body(body, CHAT)["max_tokens"] == 1024
+    assert gate.bound_body(BODY, CHAT) is BODY

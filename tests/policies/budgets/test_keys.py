@@ -144,11 +144,53 @@ def test_cli_bad_config_or_arguments_exit_2(tmp_path: Any) -> None:
     result = CliRunner().invoke(cli_app, ["budget", "set", "--team", "a",
                                           "--redis-url", REDIS_URL])
     assert result.exit_code == EXIT_BAD_INPUT and "--limit-usd" in result.output
+    result = CliRunner().invoke(cli_app, ["budget", "set", "--team", "a", "--limit-usd", "1",
+                                          "--period", "fortnightly", "--redis-url", REDIS_URL])
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "hourly, daily, weekly, monthly, total" in result.output
+
+
+def test_budget_set_accepts_hourly_and_weekly(tmp_path: Any, prefix: str) -> None:
+    env = {"COST_ROUTER_CONFIG": None, "COST_ROUTER__BUDGETS__KEY_PREFIX": prefix}
+    for period in ("hourly", "weekly"):
+        result = CliRunner().invoke(cli_app, ["budget", "set", "--team", "a", "--limit-usd", "1",
+                                              "--period", period, "--redis-url", REDIS_URL],
+                                    env=env)  # fmt: skip
+        assert result.exit_code == 0, result.output
+        shown = CliRunner().invoke(cli_app, ["budget", "show", "--team", "a", "--json",
+                                             "--redis-url", REDIS_URL], env=env)  # fmt: skip
+        assert json.loads(shown.stdout.splitlines()[0])["period"] == period
+
+
+def test_keys_create_refuses_a_team_the_config_does_not_list(tmp_path: Any, prefix: str) -> None:
+    """Such a key would have no spend limit: exit 2 naming the known teams and how to add one;
+    --allow-unlisted-team creates it and says plainly that it is unlimited."""
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({
+        "tiers": [TIER], "teams": {"alpha": {"budget": {"limit_usd": 2.0}}, "beta": {}},
+        "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
+    }))
+    runner = CliRunner()
+    refused = runner.invoke(cli_app, ["keys", "create", "--team", "nosuchteam", "-c", str(path)])
+    assert refused.exit_code == EXIT_BAD_INPUT
+    assert "lists no team 'nosuchteam' (teams: alpha, beta)" in refused.output
+    assert "no spend limit" in refused.output and "--allow-unlisted-team" in refused.output
+    listed = runner.invoke(cli_app, ["keys", "list", "--json", "-c", str(path)])
+    assert listed.stdout.strip() == ""  # nothing was created
+    no_file = runner.invoke(cli_app, ["keys", "create", "--team", "solo", "--redis-url",
+                                      REDIS_URL], env={"COST_ROUTER_CONFIG": None})
+    assert no_file.exit_code == EXIT_BAD_INPUT and "no config file (-c)" in no_file.output
+    allowed = runner.invoke(cli_app, ["keys", "create", "--team", "nosuchteam", "-c", str(path),
+                                      "--allow-unlisted-team"])
+    assert allowed.exit_code == 0, allowed.output
+    assert allowed.stdout.startswith("sk-cr-") and "has no spend limit" in allowed.stderr
+    ok = runner.invoke(cli_app, ["keys", "create", "--team", "beta", "-c", str(path)])
+    assert ok.exit_code == 0 and "warning" not in ok.stderr
 
 
 @pytest.mark.parametrize(("env", "line"), [
     ({"COST_ROUTER__BUDGETS__STORE": "rediss"},
-     "budgets.store: unknown budget store 'rediss' (known: ['memory', 'redis'])"),
+     "budgets.store: unknown budget store 'rediss' (known: ['memory', 'redis', 'redis-cluster'])"),
     ({"COST_ROUTER__BUDGETS__LEASE_S": "0"}, "budgets.lease_s: Input should be greater than 0"),
     ({"COST_ROUTER__BUDGETS__FAIL_MODE": "maybe"},
      "budgets.fail_mode: Input should be 'closed' or 'open'"),
@@ -170,7 +212,7 @@ def test_cli_without_a_config_file_uses_the_environment(prefix: str) -> None:
     env = {"COST_ROUTER_CONFIG": None, "COST_ROUTER__BUDGETS__KEY_PREFIX": prefix}
     runner = CliRunner()
     result = runner.invoke(cli_app, ["keys", "create", "--team", "solo", "--redis-url",
-                                     REDIS_URL], env=env)
+                                     REDIS_URL, "--allow-unlisted-team"], env=env)
     assert result.exit_code == 0, result.output
     listed = runner.invoke(cli_app, ["keys", "list", "--json", "--redis-url", REDIS_URL], env=env)
     assert [json.loads(line)["team"] for line in listed.stdout.splitlines()] == ["solo"]

@@ -19,7 +19,7 @@ import yaml
 from benchmarks.echo_upstream import running_echo_upstream
 from policies.budgets.factory import build_stores
 from policies.config import BudgetLimit
-from policies.keys import KeyRing, hash_key
+from policies.keys import KeyRing, RedisKeyStore, hash_key
 from router.config import load_config
 from tests.support.budgets import REDIS_URL, delete_prefix, proxies, random_prefix
 
@@ -169,6 +169,7 @@ def test_runtime_keys_and_limits_act_on_the_running_proxy(deployment: dict[str, 
         time.sleep(0.05)
     assert r.status_code == 401 and r.json()["error"]["code"] == "revoked_api_key"
     client = redis.Redis.from_url(REDIS_URL)
-    assert client.hget(f"{cfg.budgets.key_prefix}:keys", hash_key(raw)) is not None
-    assert raw.encode() not in b"".join(client.hvals(f"{cfg.budgets.key_prefix}:keys"))
+    bucket = RedisKeyStore(client, cfg.budgets.key_prefix).bucket(hash_key(raw))
+    assert client.hget(bucket, hash_key(raw)) is not None
+    assert raw.encode() not in b"".join(client.hvals(bucket))
     client.close()

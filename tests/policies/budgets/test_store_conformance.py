@@ -14,6 +14,7 @@ import asyncio
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterator
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -39,6 +40,7 @@ from tests.support.budgets import (
     random_prefix,
     wait_for_redis_time,
 )
+from tests.support.redis_cluster import RunningCluster
 
 # --- one kit per store kind ---------------------------------------------------------------------
 
@@ -98,14 +100,49 @@ class RedisKit(StoreKit):
         delete_prefix(self.prefix)
 
 
-KITS: dict[str, type[StoreKit]] = {"memory": MemoryKit, "redis": RedisKit}
+class RedisClusterKit(StoreKit):
+    """The session's real 3-master Redis Cluster (tests/conftest.py `redis_cluster`) under a
+    random key prefix, removed afterwards."""
+
+    shared = True
+    needs_cluster = True
+
+    def __init__(self, cluster: RunningCluster) -> None:
+        super().__init__()
+        self.prefix = random_prefix()
+        self.url = cluster.url
+        self._cluster = cluster
+        self._node = cluster.masters()[0].client()
+
+    def settings(self, **overrides: Any) -> BudgetsConfig:
+        return BudgetsConfig(store="redis-cluster", redis_url=self.url, key_prefix=self.prefix,
+                             redis_timeout_s=5, **overrides)
+
+    def elapse(self, seconds: float) -> None:
+        super().elapse(seconds)
+        wait_for_redis_time(self._node, seconds)  # every node runs on this machine's clock
+
+    def close(self) -> None:
+        self._cluster.delete_prefix(self.prefix)
+        self._node.close()
+
+
+KITS: dict[str, type[StoreKit]] = {"memory": MemoryKit, "redis": RedisKit,
+                                   "redis-cluster": RedisClusterKit}
+
+
+def new_kit(kind: str, request: pytest.FixtureRequest) -> StoreKit:
+    cls = KITS[kind]
+    if getattr(cls, "needs_cluster", False):
+        return cls(request.getfixturevalue("redis_cluster"))  # type: ignore[call-arg]
+    return cls()
 
 
 @pytest.fixture(params=sorted(STORE_KINDS))
 def kit(request: pytest.FixtureRequest) -> Iterator[StoreKit]:
     if request.param not in KITS:
         pytest.fail(f"store kind {request.param!r} has no kit in KITS: add one to run the checks")
-    built = KITS[request.param]()
+    built = new_kit(request.param, request)
     yield built
     built.close()
 
@@ -194,6 +231,31 @@ def test_reservation_that_does_not_fit_is_refused_with_time_to_reset(kit: StoreK
     run(main())
 
 
+def test_a_spend_refusal_reports_limit_spent_reserved_and_amount(kit: StoreKit) -> None:
+    """What the request path's refusal message and its Retry-After are decided by."""
+
+    async def main() -> None:
+        store = kit.make()
+        scope = team(1.0)
+        await store.reserve(scope, "r1", 0.3, 10)
+        await store.settle("r1", 0.3, 10)
+        await store.reserve(scope, "r2", 0.5, 10)
+        with pytest.raises(BudgetExceeded) as err:
+            await store.reserve(scope, "r3", 0.4, 10)
+        s = err.value.standing
+        assert s is not None and s.period == "daily"
+        assert (s.limit_nanos, s.spent_nanos, s.reserved_nanos, s.amount_nanos) == (
+            usd_to_nanos(1.0), usd_to_nanos(0.3), usd_to_nanos(0.5), usd_to_nanos(0.4))
+        assert s.remaining_nanos == usd_to_nanos(0.2)
+        assert s.fits_without_reservations and not s.never_fits
+        with pytest.raises(BudgetExceeded) as err:
+            await store.reserve(scope, "r4", 1.5, 10)
+        assert err.value.standing is not None and err.value.standing.never_fits
+        await store.aclose()
+
+    run(main())
+
+
 def test_a_new_period_starts_with_fresh_spend(kit: StoreKit) -> None:
     async def main() -> None:
         store = kit.make()
@@ -251,6 +313,69 @@ def test_settle_is_idempotent_by_request_id(kit: StoreKit) -> None:
         assert len(await store.ledger("alpha")) == 1
         with pytest.raises(ValueError):
             await store.reserve(scope, "r1", 0.5, 10)  # a settled id cannot reserve again
+        await store.aclose()
+
+    run(main())
+
+
+def test_a_settle_above_the_reservation_charges_the_reservation_and_records_the_overage(
+    kit: StoreKit,
+) -> None:
+    async def main() -> None:
+        store = kit.make()
+        scope = team(1.0, tpm=1000)
+        await store.reserve(scope, "r1", 0.4, 100)
+        settled = await store.settle("r1", 1_200_000_000.0, 10**8)  # absurd usage: $1.2 billion
+        assert (settled.charged_nanos, settled.overage_nanos) == (
+            usd_to_nanos(0.4), usd_to_nanos(1_200_000_000.0) - usd_to_nanos(0.4))
+        st = (await store.status(scope))[0]
+        assert (st.spent_nanos, st.reserved_nanos) == (usd_to_nanos(0.4), 0)
+        [entry] = await store.ledger("alpha")
+        assert (entry.kind, entry.nanos, entry.overage_nanos) == (
+            "settle", usd_to_nanos(0.4), settled.overage_nanos)
+        assert spend_from_ledger([entry]) == await store.spend("alpha")  # overage is no spend
+        await store.reserve(scope, "r2", 0.6, 900)  # tpm took the reserved 100 tokens, not 10**8
+        again = await store.settle("r1", 0.1, 1)
+        assert again.duplicate and again.charged_nanos == usd_to_nanos(0.4)
+        await store.aclose()
+
+    run(main())
+
+
+def test_a_settle_without_a_live_reservation_is_capped_by_the_one_made(kit: StoreKit) -> None:
+    """The direct path: the lease was reclaimed before the (slow) request settled."""
+
+    async def main() -> None:
+        dead, next_store = await _holds_of_a_dead_replica(kit)
+        assert await next_store.sweep() == 2
+        settled = await dead.settle("lost-1", 50.0, 10)  # reserved 0.6
+        assert (settled.charged_nanos, settled.overage_nanos) == (
+            usd_to_nanos(0.6), usd_to_nanos(50.0) - usd_to_nanos(0.6))
+        assert (await dead.settle("lost-2", 0.1, 10)).charged_nanos == usd_to_nanos(0.1)
+        entries = await next_store.ledger("alpha")
+        assert [(e.kind, e.nanos) for e in entries] == [
+            ("direct", usd_to_nanos(0.6)), ("direct", usd_to_nanos(0.1))]
+        st = (await next_store.status(team(1.0)))[0]
+        assert (st.spent_nanos, st.reserved_nanos) == (usd_to_nanos(0.7), 0)
+        await _close(dead, next_store)
+
+    run(main())
+
+
+def test_a_negative_actual_cost_never_credits(kit: StoreKit) -> None:
+    async def main() -> None:
+        store = kit.make()
+        scope = team(1.0, tpm=1000)
+        await store.reserve(scope, "r0", 0.3, 10)
+        await store.settle("r0", 0.3, 10)
+        await store.reserve(scope, "r1", 0.4, 100)
+        settled = await store.settle("r1", -120.0, -10**6)
+        assert (settled.charged_nanos, settled.overage_nanos) == (0, 0)
+        st = (await store.status(scope))[0]
+        assert (st.spent_nanos, st.reserved_nanos) == (usd_to_nanos(0.3), 0)
+        assert [e.nanos for e in await store.ledger("alpha")] == [usd_to_nanos(0.3), 0]
+        with pytest.raises(BudgetExceeded):  # the window was not credited with -10**6 tokens
+            await store.reserve(scope, "r2", 0.1, 1000)
         await store.aclose()
 
     run(main())
@@ -430,6 +555,44 @@ def test_period_ids_follow_the_configured_zone(kit: StoreKit) -> None:
     run(main())
 
 
+@pytest.mark.parametrize(("period", "length_s"), [("hourly", 3600), ("weekly", 7 * 86400)])
+def test_hourly_and_weekly_limits_reset_at_their_boundary_in_the_zone(
+    kit: StoreKit, period: str, length_s: int
+) -> None:
+    """A week starts on Monday at local midnight, an hour at the local hour, in
+    budgets.timezone (UTC+14 here, so the local boundary is not the UTC one)."""
+
+    async def main() -> None:
+        zone = "Pacific/Kiritimati"
+        store = kit.make(timezone=zone)
+        scope = team(1.0, period=period)
+        window = period_window(period, kit.clock(), ZoneInfo(zone))
+        assert window.end is not None and window.end - window.start == length_s
+        await store.reserve(scope, "a", 0.9, 1)
+        await store.settle("a", 0.9, 1)
+        with pytest.raises(BudgetExceeded) as err:
+            await store.reserve(scope, "b", 0.2, 1)
+        assert err.value.retry_after_s == pytest.approx(window.end - kit.clock(), abs=1e-3)
+        st = (await store.status(scope))[0]
+        assert (st.period, st.period_id, st.resets_at) == (period, window.id, window.end)
+        kit.clock.advance(window.end - kit.clock() - 1)  # one second before the boundary
+        with pytest.raises(BudgetExceeded):
+            await store.reserve(scope, "c", 0.2, 1)
+        kit.clock.advance(2)  # the next window: spend starts from zero
+        await store.reserve(scope, "d", 0.9, 1)
+        st = (await store.status(scope))[0]
+        assert st.period_id != window.id and (st.spent_nanos, st.reserved_nanos) == (
+            0, usd_to_nanos(0.9))
+        if period == "weekly":
+            start = datetime.fromtimestamp(window.end, ZoneInfo(zone))
+            assert (start.weekday(), start.hour, start.minute) == (0, 0, 0)  # Monday 00:00
+        await store.settle("d", 0.5, 1)
+        assert await store.reset("alpha") == usd_to_nanos(0.5)  # the reset covers the new periods
+        await store.aclose()
+
+    run(main())
+
+
 def test_key_store_keeps_records(kit: StoreKit) -> None:
     async def main() -> None:
         store, keys = kit.build()
@@ -491,10 +654,10 @@ async def play(store: BudgetStore, ops: list[tuple[str, int, Any, int]]) -> list
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=1, max_size=40))
 def test_every_store_kind_answers_random_sequences_alike(
-    ops: list[tuple[str, int, Any, int]],
+    request: pytest.FixtureRequest, ops: list[tuple[str, int, Any, int]],
 ) -> None:
     # One clock for all kinds that does not move: the same periods and minute for every run.
-    kits = [KITS[kind]() for kind in sorted(STORE_KINDS)]
+    kits = [new_kit(kind, request) for kind in sorted(STORE_KINDS)]
     for k in kits[1:]:
         k.clock = kits[0].clock
 

@@ -1,0 +1,38 @@
+"""A request whose worst case can never fit its team's limit, through the real proxy: the 429
+says what the worst case is and what to change, has no Retry-After (no wait helps) and names no
+tier (nothing was sent anywhere)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from benchmarks.echo_upstream import running_echo_upstream
+from tests.support.proxy import ProxyThread, make_config, tier
+
+
+def test_a_request_above_the_whole_limit_is_told_why_without_retry_after(tmp_path: Path) -> None:
+    with running_echo_upstream() as upstream:
+        cfg = make_config(
+            [tier("large", upstream, price=(100.0, 100.0))], tmp_path,
+            teams={"default": {"budget": {"limit_usd": 0.05, "period": "daily"}}},
+        )  # fmt: skip
+        body = {"model": "auto", "max_tokens": 1000,  # ~$0.1 worst case
+                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        with ProxyThread(cfg) as proxy:
+            r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=10)
+            assert r.status_code == 429
+            err = r.json()["error"]
+            assert err["code"] == "budget_exceeded", err
+            assert "worst case $0.1" in err["message"]
+            assert "1000 completion tokens from max_tokens" in err["message"]
+            assert "the daily spend limit $0.05 itself" in err["message"]
+            assert "lower max_tokens" in err["message"]
+            assert "retry-after" not in r.headers
+            assert "x-router-tier" not in r.headers
+            assert r.headers["x-router-request-id"]
+            # A request that fits is served, and names its tier.
+            ok = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10,
+                            json={**body, "max_tokens": 10})  # fmt: skip
+            assert ok.status_code == 200 and ok.headers["x-router-tier"] == "large"

@@ -23,6 +23,7 @@ so that per-request decisions (the `random` policy's draw) are replayed as the p
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,11 +51,33 @@ DATA_ENV = "COST_ROUTER_DATA"
 
 
 def routellm_data_dir() -> Path:
-    """Where the shared RouteLLM outcome data lives: $COST_ROUTER_DATA, else the `shared` folder
-    beside the checkout (how the development and CI machines lay it out)."""
+    """Where the shared RouteLLM outcome data lives: $COST_ROUTER_DATA, else a `shared` folder
+    beside the checkout or one of its parents (how the development machines lay it out), else
+    beside the checkout a local clone was made from (a CI clone elsewhere finds the data of the
+    checkout it came from). No machine's path is written here."""
     if env := os.environ.get(DATA_ENV):
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "data" / "routellm"
+    checkout = Path(__file__).resolve().parents[1]
+    for root in (checkout, _clone_source(checkout)):
+        if root is None:
+            continue
+        for folder in root.parents:
+            if (candidate := folder / "shared" / "data" / "routellm").is_dir():
+                return candidate
+    return checkout.parent / "shared" / "data" / "routellm"  # named in the not-found error
+
+
+def _clone_source(checkout: Path) -> Path | None:
+    """The local checkout `checkout` was cloned from (its origin remote, when that is a path)."""
+    try:
+        config = (checkout / ".git" / "config").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    m = re.search(r'\[remote "origin"\][^\[]*?^\s*url\s*=\s*(\S+)', config, re.M)
+    if m is None or "://" in m.group(1) or ":" in m.group(1).split("/")[0]:
+        return None
+    source = Path(m.group(1).removeprefix("file://"))
+    return source.resolve() if source.is_absolute() else (checkout / source).resolve()
 
 
 class DatasetError(ValueError):

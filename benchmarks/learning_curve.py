@@ -17,10 +17,11 @@ as `cost-router classifier train <traces> --with-default-data` does (classifiers
 figures are computed here). n is capped at the pool's size (GSM8K has about 900 labelled rows,
 so its pool holds about 540 and the 1,000 step runs at the whole pool; the table says so).
 
-Labels: the `reference` judge (router/evaluation/judges/reference.py) matches an answer against
-the known reference answer. The shared CSVs' per-model True/False columns are exactly that
-verdict, recorded by RouteLLM for each model's answer, so the recorded outcomes are used as the
-reference judge's labels here (no model is called).
+Labels: the `reference` judge (router/evaluation/judges/reference.py) marks each tier's answer
+right or wrong against the request's known reference answer. The shared CSVs' per-model True/False
+columns are that verdict, recorded by RouteLLM for each model's answer against the benchmark's
+reference (GSM8K's final number, MMLU's letter); the CSVs carry no reference answers to re-judge
+with, so the recorded outcomes are used as the reference judge's labels (no model is called).
 
 Both models score the held-out test prompts through the ONNX runtime scorer the proxy uses
 (classifiers.inference.DifficultyScorer); classifiers.compare.compare_models gives each one's

@@ -325,12 +325,18 @@ def budget_ledger(
         for e in entries:
             typer.echo(orjson.dumps({"request_id": e.request_id, "key_id": e.key_id,
                                      "usd": nanos_to_usd(e.nanos), "kind": e.kind,
+                                     "overage_usd": nanos_to_usd(e.overage_nanos),
                                      "periods": e.periods, "time": e.time}).decode())
         return
-    _table(["time", "request id", "key", "kind", "usd"],
-           [[_when(e.time), e.request_id, e.key_id or "-", e.kind, f"{nanos_to_usd(e.nanos):.9f}"]
+    # Overage: cost past the reservation, recorded and never charged (docs/budgets.md).
+    _table(["time", "request id", "key", "kind", "usd", "overage usd"],
+           [[_when(e.time), e.request_id, e.key_id or "-", e.kind, f"{nanos_to_usd(e.nanos):.9f}",
+             f"{nanos_to_usd(e.overage_nanos):.9f}" if e.overage_nanos else "-"]
             for e in entries])
-    typer.echo(f"{len(entries)} entries, total {_usd(nanos_to_usd(sum(e.nanos for e in entries)))}")
+    over = sum(e.overage_nanos for e in entries)
+    over_note = f"; overage not charged {_usd(nanos_to_usd(over))}" if over else ""
+    typer.echo(f"{len(entries)} entries, total {_usd(nanos_to_usd(sum(e.nanos for e in entries)))}"
+               f"{over_note}")
 
 
 @budget_app.command("audit")

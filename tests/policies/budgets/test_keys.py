@@ -216,3 +216,35 @@ def test_cli_without_a_config_file_uses_the_environment(prefix: str) -> None:
     assert result.exit_code == 0, result.output
     listed = runner.invoke(cli_app, ["keys", "list", "--json", "--redis-url", REDIS_URL], env=env)
     assert [json.loads(line)["team"] for line in listed.stdout.splitlines()] == ["solo"]
+
+
+def test_budget_ledger_shows_the_overage_that_was_not_charged(tmp_path: Any, prefix: str) -> None:
+    """A settle above the reservation charges the reservation; the ledger command shows the rest
+    as overage (table and JSON), so an operator sees what the cap kept off the bill."""
+    from policies.budgets.redis_store import RedisBudgetStore
+    from policies.budgets.scopes import BudgetScope
+    from policies.config import BudgetLimit, BudgetsConfig
+
+    cfg = BudgetsConfig(store="redis", redis_url=REDIS_URL, key_prefix=prefix)
+
+    async def charge() -> None:
+        store = RedisBudgetStore(cfg)
+        scope = BudgetScope("alpha", None, BudgetLimit(limit_usd=2.0, period="daily"))
+        await store.reserve(scope, "req-1", 0.001, 10)
+        await store.settle("req-1", 0.004, 10)  # 3 times the reservation past it
+        await store.redis.aclose()
+
+    asyncio.run(charge())
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({
+        "tiers": [TIER], "teams": {"alpha": {"budget": {"limit_usd": 2.0, "period": "daily"}}},
+        "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
+    }))
+    runner = CliRunner()
+    shown = runner.invoke(cli_app, ["budget", "ledger", "--team", "alpha", "--config", str(path),
+                                    "--json"])
+    assert shown.exit_code == 0, shown.output
+    entry = json.loads(shown.stdout.splitlines()[0])
+    assert entry["usd"] == pytest.approx(0.001) and entry["overage_usd"] == pytest.approx(0.003)
+    table = runner.invoke(cli_app, ["budget", "ledger", "--team", "alpha", "--config", str(path)])
+    assert table.exit_code == 0 and "overage not charged $0.003" in table.stdout, table.output

@@ -72,18 +72,33 @@ def compare_models(
 ) -> Comparison:
     """Compare two models' scores of the same requests, whose outcomes are `small` and `large`
     (both known, in [0, 1]). Raises ValueError when the arrays differ in length or are empty."""
-    arrays = [np.asarray(a, np.float64) for a in (current_scores, new_scores, small, large)]
-    n = len(arrays[0])
-    if n == 0 or any(len(a) != n for a in arrays):
-        sizes = [len(a) for a in arrays]
-        raise ValueError(f"compare_models: need equal, non-empty arrays, got lengths {sizes}")
-    cur, new, sm, lg = arrays
+    cur, new, sm, lg = paired_arrays("compare_models", current_scores, new_scores, small, large)
+    n = len(cur)
     return Comparison(
         current_apgr=bootstrap(apgr, cur, sm, lg, rounds, seed),
         new_apgr=bootstrap(apgr, new, sm, lg, rounds, seed),
-        delta=paired_bootstrap(apgr, cur, new, sm, lg, rounds, seed),
+        delta=apgr_gain(cur, new, sm, lg, rounds, seed),
         current_cpt50=bootstrap(cpt50, cur, sm, lg, rounds, seed),
         new_cpt50=bootstrap(cpt50, new, sm, lg, rounds, seed),
         cpt50_delta=paired_bootstrap(cpt50, cur, new, sm, lg, rounds, seed),
         n=n,
     )
+
+
+def paired_arrays(who: str, *arrays: np.ndarray) -> list[np.ndarray]:
+    """The scores and outcomes of one paired comparison as float arrays; ValueError (naming
+    `who`) when they are empty or differ in length."""
+    out = [np.asarray(a, np.float64) for a in arrays]
+    if not len(out[0]) or any(len(a) != len(out[0]) for a in out):
+        sizes = [len(a) for a in out]
+        raise ValueError(f"{who}: need equal, non-empty arrays, got lengths {sizes}")
+    return out
+
+
+def apgr_gain(
+    current: np.ndarray, new: np.ndarray, small: np.ndarray, large: np.ndarray,
+    rounds: int = 1000, seed: int = 0,
+) -> Estimate:
+    """APGR(new) - APGR(current) with its paired 95% interval: the promotion gate's figure."""
+    return paired_bootstrap(apgr, current, new, small, large, rounds, seed)
+

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from classifiers.evaluate import Estimate, apgr, paired_bootstrap
+from classifiers.compare import apgr_gain, paired_arrays
+from classifiers.evaluate import Estimate
 from policies.target_share import achieved_share, threshold_for_share
 from simulations.sweep import SweepInputs, default_thresholds
 from simulations.tune import Target, tune
@@ -64,12 +65,8 @@ def gate(
     outcomes on the small and the large tier are `small` and `large` (in [0, 1]). The interval
     is classifiers.compare.compare_models' APGR gain (same resamples for the same seed), computed
     alone: the gate needs nothing else. Raises ValueError for empty or unequal arrays."""
-    arrays = [np.asarray(a, np.float64) for a in (current, new, small, large)]
-    n = len(arrays[0])
-    if n == 0 or any(len(a) != n for a in arrays):
-        sizes = [len(a) for a in arrays]
-        raise ValueError(f"gate: need equal, non-empty arrays, got lengths {sizes}")
-    return Verdict(paired_bootstrap(apgr, *arrays, rounds, seed), n, source)
+    arrays = paired_arrays("gate", current, new, small, large)
+    return Verdict(apgr_gain(*arrays, rounds, seed), len(arrays[0]), source)
 
 
 def recorded_verdict(out_of_fold: Mapping[str, Any], model: str) -> Verdict:

@@ -50,6 +50,7 @@ class Usage:
 class UpstreamResponse:
     body: dict[str, Any]
     usage: Usage = field(default_factory=Usage)
+    deployment: str | None = None  # which of the tier's deployments answered (when it lists some)
 
 
 @dataclass(frozen=True, slots=True)

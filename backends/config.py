@@ -6,11 +6,11 @@ prices tokens calls it, the simulator with numpy arrays, the proxy and budgets w
 
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from backends.launch_config import LaunchConfig
 
@@ -61,17 +61,88 @@ class Price(StrictModel):
         return self.cost_nanos(prompt_tokens, completion_tokens) / NANOS_PER_USD
 
 
+class DeploymentConfig(StrictModel):
+    """One server of a tier that lists several (`tiers.N.deployments`): a replica behind its own
+    URL and key, balanced by backends/deployments.py."""
+
+    name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.:\-]+$",
+        description="named in the x-router-deployment header and the trace; default d0, d1, ...",
+    )
+    base_url: str = Field(description="the OpenAI-compatible root of this server (ends in /v1)")
+    api_key: str | None = Field(
+        default=None, description="upstream key, inline (prefer api_key_env: keeps it out of files)"
+    )
+    api_key_env: str | None = Field(
+        default=None, description="env var holding this server's key (default: the tier's)"
+    )
+    weight: float = Field(
+        default=1.0, gt=0, le=1000,
+        description="share of traffic under `weighted`; divides the load under least_outstanding",
+    )
+    max_inflight: int = Field(
+        default=64, ge=1, description="most requests this server runs at once"
+    )
+    metrics_url: str | None = Field(
+        default=None,
+        description="its Prometheus /metrics (vLLM): queue and KV cache steer the balancing",
+    )
+
+
+BalancingStrategy = Literal["least_outstanding", "weighted", "round_robin"]
+
+
+class BalancingConfig(StrictModel):
+    """How a tier with several deployments spreads requests and which deployments it avoids."""
+
+    strategy: BalancingStrategy = Field(
+        default="least_outstanding",
+        description="least_outstanding: fewest requests in flight (plus the server's own queue, "
+        "when its metrics are polled) per unit of weight; weighted: shares follow the weights; "
+        "round_robin: in turn",
+    )
+    eject_after_failures: int = Field(
+        default=3, ge=1, le=100,
+        description="consecutive failures (timeouts, 5xx) that eject a deployment; one that "
+        "cannot be connected to is ejected at once",
+    )
+    cooldown_s: float = Field(
+        default=10.0, ge=0, description="an ejected deployment gets no requests for this long"
+    )
+    probe_interval_s: float = Field(
+        default=2.0, ge=0,
+        description="active health (and metrics) probe of each deployment; 0 = passive only",
+    )
+    probe_timeout_s: float = Field(default=1.0, gt=0, description="time limit of one probe")
+    health_path: str | None = Field(
+        default=None,
+        description="probe path at the server root; default /readyz, then /health, then "
+        "GET {base_url}/models, the first that the server serves",
+    )
+
+
 class TierConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     kind: str = Field(default="openai", description="a backend kind of backends/registry.py")
     base_url: str | None = None
+    deployments: list[DeploymentConfig] | None = Field(
+        default=None,
+        description="several servers of this tier, balanced (instead of one base_url)",
+    )
+    balancing: BalancingConfig = Field(
+        default_factory=BalancingConfig, description="how `deployments` are balanced"
+    )
     model: str = Field(description="model name sent upstream")
     api_key_env: str | None = Field(default=None, description="env var holding the upstream key")
     price: Price
     timeout_s: float = Field(default=60.0, gt=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
     connect_retries: int = Field(default=2, ge=0, le=10)
-    max_inflight: int = Field(default=64, ge=1)
+    max_inflight: int = Field(
+        default=64, ge=1,
+        description="most upstream requests in flight for the tier (with deployments, default: "
+        "the sum of theirs)",
+    )
     queue_timeout_s: float = Field(default=0.5, ge=0)
     fallback: list[str] = Field(
         default_factory=list, description="tiers to try, in order, on failure"
@@ -79,6 +150,32 @@ class TierConfig(StrictModel):
     metrics_url: str | None = Field(default=None, description="Prometheus /metrics of the server")
     replay_trace: str | None = Field(default=None, description="trace file for kind=replay")
     launch: LaunchConfig | None = None
+
+    @field_validator("deployments")
+    @classmethod
+    def _deployments(
+        cls, value: list[DeploymentConfig] | None, info: ValidationInfo
+    ) -> list[DeploymentConfig] | None:
+        if value is None:
+            return None
+        if info.data.get("base_url"):
+            raise ValueError("set either base_url (one server) or deployments, not both")
+        if not value:
+            raise ValueError("list at least one deployment (or use base_url for one server)")
+        names = [d.name or f"d{i}" for i, d in enumerate(value)]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"deployment names must be unique; repeated: {dupes}")
+        return [d if d.name else d.model_copy(update={"name": n})
+                for d, n in zip(value, names, strict=True)]  # fmt: skip
+
+    @model_validator(mode="after")
+    def _tier_capacity(self) -> TierConfig:
+        # Unset, a tier's limit is what its deployments can take together: the picker holds
+        # each to its own max_inflight.
+        if self.deployments and "max_inflight" not in self.model_fields_set:
+            self.max_inflight = sum(d.max_inflight for d in self.deployments)
+        return self
 
 
 class SignalsConfig(StrictModel):

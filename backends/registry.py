@@ -21,6 +21,8 @@ class BackendKind:
     module: str  # e.g. "backends.openai_http"
     cls: str  # the class in it: takes the TierConfig
     required_keys: tuple[str, ...] = ()  # TierConfig keys this kind needs set
+    # (key, other): a required key that `other` may stand in for (base_url or deployments)
+    alternatives: tuple[tuple[str, str], ...] = ()
 
     def load(self) -> BackendClass:
         backend_class: BackendClass = getattr(importlib.import_module(self.module), self.cls)
@@ -28,7 +30,8 @@ class BackendKind:
 
 
 BACKENDS: dict[str, BackendKind] = {
-    "openai": BackendKind("backends.openai_http", "OpenAIHTTPBackend", ("base_url",)),
+    "openai": BackendKind("backends.openai_http", "OpenAIHTTPBackend", ("base_url",),
+                          alternatives=(("base_url", "deployments"),)),
     "litellm": BackendKind("backends.litellm_backend", "LiteLLMBackend"),
     "replay": BackendKind("backends.recorded", "RecordedBackend", ("replay_trace",)),
 }
@@ -39,8 +42,16 @@ def tier_problems(tier: TierConfig) -> list[tuple[str, str]]:
     kind = BACKENDS.get(tier.kind)
     if kind is None:
         return [("kind", f"unknown backend kind {tier.kind!r} (known: {sorted(BACKENDS)})")]
-    return [(key, f"{key} is required for kind {tier.kind!r}")
-            for key in kind.required_keys if not getattr(tier, key)]
+    others = dict(kind.alternatives)
+    problems = []
+    for key in kind.required_keys:
+        other = others.get(key)
+        if not getattr(tier, key) and not (other and getattr(tier, other)):
+            either = f" (or {other})" if other else ""
+            problems.append((key, f"{key}{either} is required for kind {tier.kind!r}"))
+    if tier.deployments and "deployments" not in others.values():
+        problems.append(("deployments", f"kind {tier.kind!r} takes one server, not deployments"))
+    return problems
 
 
 def build_backend(tier: TierConfig) -> Backend:

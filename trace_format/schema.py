@@ -18,6 +18,7 @@ Version 1 fields (all optional except ``schema_version``, ``id`` and ``time`` un
   ``feedback`` (mean user feedback score, filled by /v1/feedback), ``source`` (benchmark or
   dataset the request came from; evaluation reports quality per source)
 - live backend signals: ``backend_signals`` = {tier: {metric: value}}
+- ``deployment``: which of the answering tier's deployments served it (tiers that list several)
 """
 
 from __future__ import annotations
@@ -68,3 +69,4 @@ class TraceRecord(BaseModel):
     source: str | None = None
     feedback: float | None = None
     backend_signals: dict[str, dict[str, float]] | None = None
+    deployment: str | None = None

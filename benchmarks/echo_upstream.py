@@ -2,7 +2,7 @@
 
 Raw ASGI on uvicorn (no framework) so that it costs as little CPU as possible and the proxy, not
 this server, is what a benchmark measures. It answers `/v1/chat/completions`, `/v1/completions`
-(both streaming and not, with usage) and `/v1/models`.
+(both streaming and not, with usage), `/v1/embeddings` and `/v1/models`.
 
 Behaviour is set per server on the command line and may be overridden per request with an
 ``echo`` object in the body (the proxy passes unknown fields through), e.g.
@@ -93,7 +93,8 @@ class EchoApp:
             await _send_json(send, 200, {"served": self.served, "cancelled": self.cancelled})
             return
         endpoint = path.removeprefix("/v1/")
-        if scope["method"] != "POST" or endpoint not in ("chat/completions", "completions"):
+        if scope["method"] != "POST" or endpoint not in ("chat/completions", "completions",
+                                                          "embeddings"):
             await _send_json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
             return
         raw = await _read_body(receive)
@@ -116,6 +117,9 @@ class EchoApp:
             await _send_json(send, b.fail_status, error)
             return
         prompt_tokens = _words(body)
+        if endpoint == "embeddings":
+            await _send_json(send, 200, _embeddings(body, b.model))
+            return
         if body.get("stream"):
             await self._stream(endpoint, body, b, prompt_tokens, send, receive)
             return
@@ -161,6 +165,19 @@ class EchoApp:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _embeddings(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """One small vector per input, and usage with prompt tokens only (as OpenAI reports it)."""
+    raw = body.get("input")
+    inputs = raw if isinstance(raw, list) and raw and not isinstance(raw[0], int) else [raw]
+    data, tokens = [], 0
+    for i, item in enumerate(inputs):
+        words = len(item) if isinstance(item, list) else len(str(item).split())
+        tokens += max(1, words)
+        data.append({"object": "embedding", "index": i, "embedding": [float(words), 0.5, -0.5]})
+    return {"object": "list", "model": model, "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def _full_answer(

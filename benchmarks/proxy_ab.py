@@ -7,6 +7,10 @@ and p99 over calling the upstream directly (TTFB when streaming).
 
     git worktree add /tmp/base 38c5072 && cp -r classifiers /tmp/base/   # same classifier in both
     .venv/bin/python benchmarks/proxy_ab.py --base /tmp/base [--rounds 3] [--rate 200]
+
+Tracing on vs off, one tree: `--base . --trace this` runs this tree's proxy with
+`telemetry.enabled` (every request sampled, spans exported over OTLP/HTTP to a local do-nothing
+collector, benchmarks/otlp_sink.py) next to the same code with tracing off.
 """
 
 from __future__ import annotations
@@ -20,15 +24,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx  # noqa: E402
 import proxy_overhead as po  # noqa: E402
+import yaml  # noqa: E402
 
 
-def start(stack: contextlib.ExitStack, tree: Path, echo_url: str, tmp: Path) -> tuple[str, int]:
+def start(stack: contextlib.ExitStack, tree: Path, echo_url: str, tmp: Path,
+          telemetry: dict[str, object] | None = None) -> tuple[str, int]:  # fmt: skip
     """A proxy serving `tree`'s code (run from its directory, so its packages are the ones
-    imported) in front of the echo upstream."""
+    imported) in front of the echo upstream; `telemetry`: its `telemetry:` section."""
     port = po.free_port()
     tmp.mkdir()
     router_yaml, _, _ = po.write_configs(tmp, echo_url, port)
+    if telemetry is not None:
+        config = yaml.safe_load(router_yaml.read_text())
+        router_yaml.write_text(yaml.safe_dump({**config, "telemetry": telemetry}))
     po.ROOT = tree
     proc = stack.enter_context(po.process(
         [po.PY, "-m", "router.cli", "serve", "--config", str(router_yaml)],
@@ -68,6 +78,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per point")
+    ap.add_argument("--trace", choices=["none", "this", "both"], default="none",
+                    help="proxies run with OpenTelemetry tracing on (sample ratio 1, OTLP/HTTP "
+                    "to a local sink); `--base . --trace this`: tracing off vs on")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="proxy-ab-"))
     echo_port = po.free_port()
@@ -77,7 +90,17 @@ def main() -> None:
             [po.PY, "-m", "benchmarks.echo_upstream", "--port", str(echo_port)],
             f"{echo_url}/models", tmp / "echo.log"))  # fmt: skip
         trees = {"base": a.base.resolve(), "this": po.ROOT}
-        targets = {n: start(stack, t, echo_url, tmp / n) for n, t in trees.items()}
+        traced: dict[str, dict[str, object]] = {}
+        if a.trace != "none":
+            sink_port = po.free_port()
+            stack.enter_context(po.process(
+                [po.PY, "-m", "benchmarks.otlp_sink", "--port", str(sink_port)],
+                f"http://127.0.0.1:{sink_port}/healthz", tmp / "otlp.log"))  # fmt: skip
+            section = {"enabled": True, "sample_ratio": 1.0,
+                       "endpoint": f"http://127.0.0.1:{sink_port}/v1/traces"}  # fmt: skip
+            traced = {n: section for n in (["this"] if a.trace == "this" else trees)}
+        targets = {n: start(stack, t, echo_url, tmp / n, traced.get(n))
+                   for n, t in trees.items()}  # fmt: skip
         urls = {"direct": f"{echo_url}/chat/completions", **{n: u for n, (u, _) in targets.items()}}
         for r in range(a.rounds):
             for stream in (False, True):
@@ -86,6 +109,9 @@ def main() -> None:
                 print(f"round {r} {mode:10s} open {a.rate:.0f}/s: "
                       f"{open_round(urls, stream, a.rate, a.seconds)} "
                       f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
+        if traced:  # the spans really left: batches the collector received
+            stats = httpx.get(f"http://127.0.0.1:{sink_port}/stats", timeout=5).json()
+            print(f"OTLP sink: {stats['exports']} exports, {stats['bytes']} bytes")
 
 
 if __name__ == "__main__":

@@ -239,6 +239,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--skip-litellm", action="store_true")
     ap.add_argument("--quick", action="store_true", help="short points (smoke run)")
+    ap.add_argument("--trace", action="store_true",
+                    help="cost-router with OpenTelemetry tracing on (every request sampled, "
+                    "OTLP/HTTP to a local do-nothing collector, benchmarks/otlp_sink.py)")
     a = ap.parse_args()
     if a.loadgen:
         loadgen_main(a.loadgen)
@@ -255,6 +258,15 @@ def main() -> None:
         stack.enter_context(process([PY, "-m", "benchmarks.echo_upstream", "--port",
                                      str(echo_port)],
                                     f"{echo_url}/models", tmp / "echo.log"))  # fmt: skip
+        if a.trace:
+            sink_port = free_port()
+            stack.enter_context(process(
+                [PY, "-m", "benchmarks.otlp_sink", "--port", str(sink_port)],
+                f"http://127.0.0.1:{sink_port}/healthz", tmp / "otlp.log"))  # fmt: skip
+            config = yaml.safe_load(router_yaml.read_text())
+            config["telemetry"] = {"enabled": True, "sample_ratio": 1.0,
+                                   "endpoint": f"http://127.0.0.1:{sink_port}/v1/traces"}
+            router_yaml.write_text(yaml.safe_dump(config))
         router = stack.enter_context(process(
             [PY, "-m", "router.cli", "serve", "--config", str(router_yaml)],
             f"http://127.0.0.1:{router_port}/healthz", tmp / "router.log"))  # fmt: skip

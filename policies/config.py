@@ -106,9 +106,19 @@ class KeyConfig(StrictModel):
     policy: str | None = None
 
 
+class AdminKeyConfig(StrictModel):
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the admin key")
+    name: str | None = Field(default=None, description="who holds it (shown in the log)")
+
+
 class AuthConfig(StrictModel):
     required: bool = Field(default=False, description="require Authorization: Bearer <key>")
     default_team: str = "default"
+    admin_keys: list[AdminKeyConfig] = Field(
+        default_factory=list,
+        description="keys of the admin API (/admin/v1/...), stored as sha256 like every key; "
+        "a team key is refused there (403); none = the admin API refuses every caller",
+    )
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")

@@ -79,6 +79,7 @@ _DESCRIPTIONS = {
     400: "bad JSON, a body that is not an object, or a field out of range or of the wrong type "
          "(`param` names it)",
     401: "missing, unknown or revoked API key",
+    403: "a team's API key on the admin API (it needs a key of auth.admin_keys)",
     404: "unknown model, or an unknown (or another team's) request id",
     408: "the body did not arrive in time (server.body_timeout_s)",
     413: "body larger than the limit",

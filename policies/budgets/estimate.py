@@ -24,6 +24,8 @@ BOUND_FIELDS: dict[str, tuple[str, ...]] = {
     "completions": ("max_tokens",),
 }
 TOKEN_BOUND_NAMES = ("max_completion_tokens", "max_tokens")
+# Endpoints whose answer has no completion tokens: the worst case is the prompt alone.
+PROMPT_ONLY = frozenset({"embeddings"})
 
 
 def bound_fields(endpoint: str) -> tuple[str, ...]:
@@ -53,7 +55,8 @@ def prompt_token_bound(body: dict[str, Any], mode: str = "bytes") -> int:
     token covers at least one byte, and JSON only adds characters, so this never undercounts.
     'tiktoken': cl100k token count with a 25% margin: tighter, but not a strict bound.
     """
-    parts = [body.get(k) for k in ("messages", "prompt", "tools", "functions", "suffix")]
+    # `input`: what embeddings read (and an extra field elsewhere: counted, so never under).
+    parts = [body.get(k) for k in ("messages", "prompt", "tools", "functions", "suffix", "input")]
     blob = orjson.dumps([p for p in parts if p is not None])
     if mode == "tiktoken":
         return math.ceil(count_tokens(blob.decode("utf-8")) * 1.25) + TEMPLATE_ALLOWANCE_TOKENS
@@ -86,5 +89,5 @@ def worst_case(
     actual cost of the same request."""
     prompt = prompt_token_bound(body, mode)
     bound = requested_max_tokens(body, endpoint) or default_max_tokens
-    completion = bound * choices_requested(body)
+    completion = 0 if endpoint in PROMPT_ONLY else bound * choices_requested(body)
     return WorstCase(prompt, completion, price.cost_nanos(prompt, completion))

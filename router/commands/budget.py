@@ -12,18 +12,17 @@ import datetime as dt
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 import typer
 from pydantic import ValidationError
 
+from policies.admin import Admin, key_json, ledger_json
 from policies.budgets.factory import SHARED_KINDS, build_stores, check_store_kind
-from policies.budgets.ledger import spend_from_ledger
 from policies.budgets.money import nanos_to_usd
 from policies.budgets.periods import PERIODS
 from policies.budgets.scopes import ScopeLimits
-from policies.budgets.store import BudgetStore
 from policies.config import AuthConfig, BudgetLimit, BudgetsConfig, ConfigError, KeyConfig
 from policies.keys import KeyRing
 from router.commands.common import fail, load_config_or_exit
@@ -39,15 +38,6 @@ ConfigOpt = typer.Option(None, "--config", "-c", envvar="COST_ROUTER_CONFIG",
 RedisOpt = typer.Option(None, "--redis-url", help="override budgets.redis_url (with store "
                         "redis-cluster: any node of the cluster)")
 JsonOpt = typer.Option(False, "--json", help="print JSON instead of a table")
-
-
-@dataclass(frozen=True, slots=True)
-class Deployment:
-    """What the commands act on: the deployment's stores and its configured limits."""
-
-    store: BudgetStore
-    ring: KeyRing
-    limits: ScopeLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +85,9 @@ def _sections(config: Path | None, redis_url: str | None) -> _Sections:
 
 
 def _run(config: Path | None, redis_url: str | None,
-         action: Callable[[Deployment], Awaitable[T]]) -> T:
-    """Build the stores and key ring, run one async action, close. A key id that no key matches
+         action: Callable[[Admin], Awaitable[T]]) -> T:
+    """Build the stores and key ring, run one action of policies/admin.py (the one the admin
+    API runs too), close. A key id that no key matches
     is bad input (exit 2); Redis out of reach exits 1."""
     # Imported when a command runs, so `cost-router --help` and other commands skip redis-py.
     from redis.exceptions import RedisClusterException, RedisError
@@ -108,7 +99,7 @@ def _run(config: Path | None, redis_url: str | None,
         ring = KeyRing(sections.keys, sections.auth, key_store, sections.budgets.key_cache_s,
                        sections.budgets.key_outage_grace_s)
         try:
-            return await action(Deployment(store, ring, sections.limits))
+            return await action(Admin(store, ring, sections.limits))
         finally:
             await store.aclose()
 
@@ -190,7 +181,7 @@ def keys_create(
 ) -> None:
     """Create an API key; prints it once (only its sha256 is stored)."""
     _check_team(team, config, allow_unlisted_team)
-    raw, record = _run(config, redis_url, lambda d: d.ring.create(team, user, name))
+    raw, record = _run(config, redis_url, lambda d: d.create_key(team, user, name))
     typer.echo(raw)
     typer.echo(f"key id {record.key_id}, team {team}" + (f", user {user}" if user else ""),
                err=True)
@@ -204,7 +195,7 @@ def keys_revoke(
 ) -> None:
     """Revoke a key (run-time or from the config file); every replica refuses it within
     budgets.key_cache_s."""
-    record = _run(config, redis_url, lambda d: d.ring.revoke(key_id))
+    record = _run(config, redis_url, lambda d: d.revoke_key(key_id))
     typer.echo(f"revoked {record.key_id} (team {record.team})")
 
 
@@ -213,12 +204,10 @@ def keys_list(
     config: Path | None = ConfigOpt, redis_url: str | None = RedisOpt, as_json: bool = JsonOpt
 ) -> None:
     """List keys (config and run-time): id, team, user, name, created, revoked."""
-    records = _run(config, redis_url, lambda d: d.ring.list())
+    records = _run(config, redis_url, lambda d: d.keys())
     if as_json:
         for r in records:
-            typer.echo(orjson.dumps({"key_id": r.key_id, "team": r.team, "user": r.user,
-                                     "name": r.name, "source": r.source, "created": r.created,
-                                     "revoked": r.revoked}).decode())
+            typer.echo(orjson.dumps(key_json(r)).decode())
         return
     _table(["key id", "team", "user", "name", "source", "created", "revoked"],
            [[r.key_id, r.team, r.user or "-", r.name or "-", r.source,
@@ -226,15 +215,6 @@ def keys_list(
 
 
 # --- budget ---------------------------------------------------------------------------------
-
-
-async def _standing(d: Deployment, team: str | None) -> list[dict[str, Any]]:
-    teams = [team] if team else sorted(set(d.limits.team_names) | set(await d.store.teams()))
-    out = []
-    for name in teams:
-        for status in await d.store.status(d.limits.scope(name)):
-            out.append({"team": name, **status.to_json()})
-    return out
 
 
 @budget_app.command("show")
@@ -245,7 +225,7 @@ def budget_show(
     as_json: bool = JsonOpt,
 ) -> None:
     """Spend, reservations and remaining budget per team in the current period."""
-    rows = _run(config, redis_url, lambda d: _standing(d, team))
+    rows = _run(config, redis_url, lambda d: d.standing(team))
     if as_json:
         for row in rows:
             typer.echo(orjson.dumps(row).decode())
@@ -281,11 +261,7 @@ def budget_set(
         except ValidationError as exc:
             raise fail(f"invalid limit: {exc.errors()[0]['msg']}") from None
 
-    async def act(d: Deployment) -> None:
-        key_id = (await d.ring.find(key)).key_id if key else None
-        await d.store.set_limit(team, key_id, limit)
-
-    _run(config, redis_url, act)
+    _run(config, redis_url, lambda d: d.set_limit(team, key, limit))
     what = f"key {key} of team {team}" if key else f"team {team}"
     typer.echo(f"{what}: " + ("override cleared" if limit is None else
                               f"limit {_usd(limit_usd)} {period}, rpm {rpm or '-'}, "
@@ -304,11 +280,7 @@ def budget_reset(
     if not yes:
         typer.confirm(f"Reset the current spend of team {team}?", abort=True)
 
-    async def act(d: Deployment) -> int:
-        key_id = (await d.ring.find(key)).key_id if key else None
-        return await d.store.reset(team, key_id)
-
-    wiped = _run(config, redis_url, act)
+    wiped = _run(config, redis_url, lambda d: d.reset(team, key))
     typer.echo(f"team {team}: wiped {_usd(nanos_to_usd(wiped))} of current spend")
 
 
@@ -320,13 +292,10 @@ def budget_ledger(
     as_json: bool = JsonOpt,
 ) -> None:
     """Audit: every charge of a team from the append-only ledger, and their total."""
-    entries = _run(config, redis_url, lambda d: d.store.ledger(team))
+    entries = _run(config, redis_url, lambda d: d.ledger(team))
     if as_json:
         for e in entries:
-            typer.echo(orjson.dumps({"request_id": e.request_id, "key_id": e.key_id,
-                                     "usd": nanos_to_usd(e.nanos), "kind": e.kind,
-                                     "overage_usd": nanos_to_usd(e.overage_nanos),
-                                     "periods": e.periods, "time": e.time}).decode())
+            typer.echo(orjson.dumps(ledger_json(e)).decode())
         return
     # Overage: cost past the reservation, recorded and never charged (docs/budgets.md).
     _table(["time", "request id", "key", "kind", "usd", "overage usd"],
@@ -346,18 +315,10 @@ def budget_audit(
     redis_url: str | None = RedisOpt,
 ) -> None:
     """Rebuild spend from the ledger and compare it with the stored spend; exit 1 on a mismatch."""
-    async def act(d: Deployment) -> list[list[str]]:
-        rows = []
-        for name in [team] if team else await d.store.teams():
-            stored = await d.store.spend(name)
-            rebuilt = spend_from_ledger(await d.store.ledger(name))
-            for scope, pid in sorted(set(stored) | set(rebuilt)):
-                a, b = stored.get((scope, pid), 0), rebuilt.get((scope, pid), 0)
-                rows.append([name, scope, pid, f"{nanos_to_usd(a):.9f}", f"{nanos_to_usd(b):.9f}",
-                             "ok" if a == b else "MISMATCH"])
-        return rows
-
-    rows = _run(config, redis_url, act)
+    audited = _run(config, redis_url, lambda d: d.audit(team))
+    rows = [[r.team, r.scope, r.period_id, f"{nanos_to_usd(r.stored_nanos):.9f}",
+             f"{nanos_to_usd(r.ledger_nanos):.9f}", "ok" if r.ok else "MISMATCH"]
+            for r in audited]
     _table(["team", "scope", "period", "stored usd", "ledger usd", ""], rows)
     if any(r[-1] != "ok" for r in rows):
         # Exit 1, not 2: the audit ran and its answer is no.

@@ -24,7 +24,9 @@ from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
 from tests.support.proxy import ProxyThread, make_config, tier
 
 KEYS = {"limited": "sk-test-fuzz-limited", "unlimited": "sk-test-fuzz-unlimited"}
+ADMIN_KEY = "sk-test-fuzz-admin"  # the admin API's (/admin/v1/...), auth.admin_keys
 EXAMPLES = 25  # per operation and key: ~50 generated requests per operation
+ADMIN_EXAMPLES = 10  # per admin operation, with the admin key (team keys get a 403 there)
 COUNTS: Counter[str] = Counter()  # requests made, by status class (reported at the end)
 
 
@@ -35,7 +37,8 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyThread]:
     with running_echo_upstream() as upstream:
         config = make_config(
             [tier("small", upstream), tier("large", upstream, price=(10, 30))], tmp,
-            auth={"required": True},
+            auth={"required": True, "admin_keys": [{"key_sha256": hash_key(ADMIN_KEY)}]},
+            embeddings={"tier": "small"},
             teams={"limited": {"budget": {"limit_usd": 0.5, "period": "daily", "rpm": 10_000}},
                    "unlimited": {}},
             keys=[{"key_sha256": hash_key(k), "team": team} for team, k in KEYS.items()],
@@ -72,6 +75,10 @@ def _published_schema() -> dict[str, Any]:
 
 PUBLISHED = _published_schema()
 schema = schemathesis.openapi.from_dict(PUBLISHED)
+# The admin API is fuzzed with the admin key; a team key is refused there before any body is
+# read (tests/router/test_admin_api.py checks the 403 of every kind of admin call).
+team_schema = schema.exclude(path_regex="^/admin/")
+admin_schema = schema.include(path_regex="^/admin/")
 
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -99,6 +106,11 @@ class UnlimitedKey(_Key):
     team = "unlimited"
 
 
+class AdminKey(_Key):
+    def get(self, case: Case, context: Any) -> str:
+        return ADMIN_KEY
+
+
 def _call(proxy: ProxyThread, case: Case) -> None:
     # positive_data_acceptance (every schema-valid body gets a 2xx) cannot hold here: a valid body
     # may name a model that does not exist (404), cost more than the team has (429), carry 5.0
@@ -115,20 +127,30 @@ def test_schema_is_the_one_served(proxy: ProxyThread) -> None:
     paths = {(p, m) for p, ops in PUBLISHED["paths"].items() for m in ops}
     assert {("/v1/chat/completions", "post"), ("/v1/completions", "post"), ("/v1/models", "get"),
             ("/v1/feedback", "post"), ("/v1/budget", "get"), ("/healthz", "get"),
-            ("/readyz", "get"), ("/metrics", "get")} <= paths
+            ("/readyz", "get"), ("/metrics", "get"), ("/v1/embeddings", "post"),
+            ("/admin/v1/keys", "get"), ("/admin/v1/keys", "post"),
+            ("/admin/v1/keys/{key_id}/revoke", "post"), ("/admin/v1/budgets/{team}/limit", "put"),
+            ("/admin/v1/budgets/{team}/ledger", "get")} <= paths
 
 
-@schema.parametrize()
-@schema.auth(LimitedKey, refresh_interval=None)
+@team_schema.parametrize()
+@team_schema.auth(LimitedKey, refresh_interval=None)
 @FUZZ
 def test_api_as_a_limited_team(proxy: ProxyThread, case: Case) -> None:
     _call(proxy, case)
 
 
-@schema.parametrize()
-@schema.auth(UnlimitedKey, refresh_interval=None)
+@team_schema.parametrize()
+@team_schema.auth(UnlimitedKey, refresh_interval=None)
 @FUZZ
 def test_api_as_an_unlimited_team(proxy: ProxyThread, case: Case) -> None:
+    _call(proxy, case)
+
+
+@admin_schema.parametrize()
+@admin_schema.auth(AdminKey, refresh_interval=None)
+@settings(FUZZ, max_examples=ADMIN_EXAMPLES)
+def test_admin_api_as_the_admin(proxy: ProxyThread, case: Case) -> None:
     _call(proxy, case)
 
 

@@ -1,0 +1,54 @@
+"""The `telemetry:` section (OpenTelemetry tracing, router/telemetry.py) and what the request path
+knows of a tracer. Kept apart from router/telemetry.py so that loading a config, and the proxy
+with tracing off, never imports OpenTelemetry (the optional `otel` extra)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+from pydantic import Field
+
+from backends.config import StrictModel
+
+
+class TelemetryConfig(StrictModel):
+    enabled: bool = Field(
+        default=False,
+        description="export a span per request (OpenTelemetry GenAI conventions) over OTLP; "
+        "needs the `otel` extra. Off: nothing is imported and requests do no tracing work",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="the OTLP collector, e.g. http://127.0.0.1:4318/v1/traces (http/protobuf) "
+        "or http://127.0.0.1:4317 (grpc); None = OpenTelemetry's own default and "
+        "OTEL_EXPORTER_OTLP_* environment variables",
+    )
+    protocol: Literal["http/protobuf", "grpc"] = Field(
+        default="http/protobuf", description="OTLP transport (grpc needs "
+        "opentelemetry-exporter-otlp-proto-grpc, part of opentelemetry-exporter-otlp)")
+    service_name: str = Field(default="cost-router", min_length=1,
+                              description="the service.name resource attribute")
+    sample_ratio: float = Field(
+        default=1.0, ge=0, le=1,
+        description="share of requests traced (a caller's sampled traceparent always is)",
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="extra headers to the collector (e.g. an API key)")
+
+
+class CallTracer(Protocol):
+    """What the request path calls (router/telemetry.py's Telemetry): one finished request."""
+
+    def record(self, call: Any, tier: Any) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context
+
+
+def caller_trace(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The caller's W3C trace context headers, if it sent any (its trace is the parent)."""
+    found = {h: v for h in TRACE_HEADERS if (v := headers.get(h))}
+    return found or None

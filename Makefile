@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench redis venv
+.PHONY: demo test lint bench redis venv promtool
 
 # llama-cpp-python compiles llama.cpp from source. Its default build targets the build machine's
 # own CPU (GGML_NATIVE), and on VMs whose CPU flags list AMX/AVX-512 that the hypervisor does not
@@ -35,11 +35,23 @@ redis:
 	@for i in 1 2 3 4 5 6 7 8 9 10; do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; \
 	  echo "redis did not start on 127.0.0.1:6379" >&2; exit 1
 
+# promtool checks and unit-tests router/monitoring/alerts.yml (tests/router/test_alert_rules.py).
+# It ships in Debian's `prometheus` package, whose install may start a Prometheus server on :9090:
+# stopped and disabled again, as only the tool is wanted.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus || \
+	    { apt-get update -q && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }; } && \
+	  { systemctl disable --now prometheus >/dev/null 2>&1 || \
+	    service prometheus stop >/dev/null 2>&1 || true; }; }
+	@command -v promtool >/dev/null 2>&1 || { echo "promtool not found (apt-get install prometheus)" >&2; exit 1; }
+
 demo: $(STAMP)
 	$(BIN)/cost-router serve
 
 # pytest exits 5 when it collected no tests; make fails on any non-zero status, so that can't pass.
-test: $(STAMP) redis
+test: $(STAMP) redis promtool
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q

@@ -205,6 +205,14 @@ class _Beside:
         return merged, True
 
 
+def beside_outcomes(trace: Path) -> _Beside:
+    """The label and feedback outcomes beside one trace file, for readers that stream a trace
+    record by record (`drift report`) and merge by the same rule: `.outcomes(record)`."""
+    return _Beside(
+        merged_outcomes(labels_path_for(trace)), load_feedback(feedback_path_for(trace))
+    )
+
+
 def _benchmark_of(csv_file: Path, root: Path) -> str:
     # <root>/<benchmark>/...csv when given the data root, else the CSV's own folder name
     # (skipping RouteLLM's `responses/` level).

@@ -100,9 +100,15 @@ class TwoTierParams(ShareSource):
     def _one_threshold(self) -> TwoTierParams:
         if self.threshold is not None and self.target_large_share is not None:
             raise ValueError("give threshold or target_large_share, not both")
-        if self.target_large_share is not None and not self.reference_trace:
-            raise ValueError("target_large_share needs reference_trace")
+        if (self.target_large_share is not None and not self.reference_trace
+                and not self.calibrates()):
+            raise ValueError("target_large_share needs reference_trace (or calibrate)")
         return self
+
+    def calibrates(self) -> bool:
+        """Whether the target share is held on live traffic (a threshold policy's `calibrate:`,
+        policies/calibration.py): then a reference trace gives only the starting threshold."""
+        return False
 
 
 class Builder:

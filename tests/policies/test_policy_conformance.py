@@ -41,6 +41,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
         {},  # the classifier card's threshold
         {"threshold": 0.25, "small": "medium"},
         {"threshold": 0.55, "load_shed": {"max_waiting": 3, "margin": 0.2}},
+        {"target_large_share": 0.3, "calibrate": {"start_threshold": 0.45}},  # calibrating
     ],
     "budget_pacing": [
         {"threshold": 0.3, "max_threshold": 0.9, "slack": 0.25},

@@ -9,7 +9,7 @@ the queueing simulation over the trace's arrival times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,6 +38,9 @@ class Levers:
     quant_speed: float = 1.6
     quant_quality: float = 0.98
     quant_cost: float = 1.0  # price multiplier of the quantized small tier
+    # A measured decode speed-up (a lever trial's levers.json): used instead of the one the
+    # acceptance rate and draft length imply. None = from spec_acceptance and spec_k.
+    spec_speedup: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,14 @@ def run_scenario(
 ) -> ScenarioResult:
     rows = np.arange(len(trace))
     small = with_speed_factor(levers.small, levers.quant_speed) if s.quant else levers.small
-    large = (
-        with_speculative(levers.large, levers.spec_acceptance, levers.spec_k, levers.draft_cost)
-        if s.spec
-        else levers.large
-    )
+    if s.spec and levers.spec_speedup is not None:
+        large = replace(levers.large, per_token_s=levers.large.per_token_s / levers.spec_speedup)
+    elif s.spec:
+        large = with_speculative(
+            levers.large, levers.spec_acceptance, levers.spec_k, levers.draft_cost
+        )
+    else:
+        large = levers.large
     quality = trace.quality[rows, s.tier_role].copy()
     cost = role_cost[rows, s.tier_role].copy()
     if s.quant:
@@ -142,6 +148,11 @@ def what_if(
 
 
 def spec_summary(levers: Levers) -> str:
+    if levers.spec_speedup is not None:
+        return (
+            f"spec decoding: measured decode speed-up {levers.spec_speedup:.3g}x; quantized "
+            f"small: {levers.quant_speed:.3g}x speed, quality x{levers.quant_quality:.3g}"
+        )
     return (
         f"spec decoding: acceptance {levers.spec_acceptance:g}, k {levers.spec_k}, draft cost "
         f"{levers.draft_cost:g} -> decode speed-up "

@@ -322,6 +322,12 @@ def what_if_command(
         help="measured TTFT/per-token/acceptance: a snapshot JSON from `cost-router backends "
         "signals --save`, or 'live' to poll the config's tiers now",
     ),
+    levers_file: Path = typer.Option(
+        None,
+        "--levers",
+        help="measured lever factors (quantized speed, quality and price; speculative "
+        "acceptance and speed-up): the levers.json of `cost-router levers trial`",
+    ),
 ) -> None:
     """Cost, quality, p50/p95 latency: all-large, all-small, each lever alone, then combined."""
     with _clean_errors():
@@ -347,6 +353,11 @@ def what_if_command(
         levers = replace(levers, spec_k=spec_k or sim.draft_length or DEFAULT_DRAFT_LENGTH)
         if signals is not None:
             levers, notes = _measured(levers, sim, cfg, signals)
+            typer.echo("\n".join(notes))
+        if levers_file is not None:
+            from simulations.levers.levers_file import apply_levers
+
+            levers, notes = apply_levers(levers, levers_file)
             typer.echo("\n".join(notes))
         try:
             text = run_whatif(

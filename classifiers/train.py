@@ -355,9 +355,12 @@ def out_of_fold(
     folds: int = 5,
     weights: np.ndarray | None = None,
     progress: Progress | None = None,
+    inputs: pd.DataFrame | None = None,
 ) -> OutOfFold:
     """Out-of-fold scores of the labelled rows that `evaluated` (bool mask over the dataset; None:
     all) selects, each from a model fitted as `fit` fits (same weights) without that row's fold.
+    `inputs`: `frame(dataset.prompts)` when the caller has it already (a benchmark that trains
+    many times on rows of one pool prepares the inputs once).
 
     Rows outside `evaluated` (e.g. the shipped training data added to a team's own traffic) are
     in every fold's training set and are never scored: the figures are about the evaluated rows.
@@ -366,7 +369,10 @@ def out_of_fold(
     """
     rows, labels = training_rows(dataset, config.margin)
     own = np.ones(len(rows), bool) if evaluated is None else np.asarray(evaluated, bool)[rows]
-    data = frame([dataset.prompts[i] for i in rows])
+    if inputs is not None and len(inputs) != len(dataset):
+        raise ValueError(f"inputs has {len(inputs)} rows for {len(dataset)} prompts")
+    data = (frame([dataset.prompts[i] for i in rows]) if inputs is None
+            else inputs.iloc[rows].reset_index(drop=True))  # fmt: skip
     sources = dataset.source[rows]
     w = None if weights is None else np.asarray(weights, np.float64)[rows]
     own_idx, base_idx = np.flatnonzero(own), np.flatnonzero(~own)

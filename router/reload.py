@@ -9,14 +9,17 @@ anything changes; on any error the running config stays and the error is logged.
 what it changed (sections, and the names of teams, keys, policies and experiments; never a key's
 hash). Routing reloads, and so does the classifier section: the app's `build` loads the models
 the new file names (router/state.py build_routing: a changed or replaced model file is loaded
-again, off the event loop) before the swap. Tiers, budgets, server and traces need a restart, and
-a reload that changes them logs a warning and applies just its routing part, merged onto the
-running config (so policies must name tiers that are running).
+again, off the event loop) before the swap. The `evaluation:` section reloads too (the shadow
+service is reconfigured in place: router/evaluation/shadow.py `reload_shadow`); its judge
+prompt file is read and checked here, before anything changes. Tiers, budgets, server and
+traces need a restart, and a reload that changes them logs a warning and applies just its
+routing part, merged onto the running config (so policies must name tiers that are running).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -29,11 +32,13 @@ from typing import Any
 from policies.config import ConfigError
 from policies.keys import key_id_of
 from router.config import RouterConfig, config_from_dict, load_config
+from router.evaluation.judges.prompt import load_prompt
 from router.state import build_selector
 
 log = logging.getLogger("cost_router.reload")
 
-ROUTING_KEYS = ("default_policy", "policies", "experiments", "teams", "keys", "classifier")
+ROUTING_KEYS = ("default_policy", "policies", "experiments", "teams", "keys", "classifier",
+                "evaluation")
 
 
 def merge_routing(running: RouterConfig, new: RouterConfig) -> RouterConfig:
@@ -108,6 +113,7 @@ class ConfigReloader:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._signal_loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.reloads = 0  # successful reloads (for tests and /metrics)
         self.failures = 0
         self._remember_file()
@@ -133,6 +139,9 @@ class ConfigReloader:
     def prepare(self) -> tuple[Any, RouterConfig]:
         """Load, validate and build (blocking; no effect on the running config)."""
         merged = merge_routing(self._current(), load_config(self.path))
+        llm = merged.evaluation.judges.llm
+        if merged.evaluation.enabled and llm is not None:
+            load_prompt(llm.mode, llm.prompt)  # a missing or broken prompt file rejects the file
         return self._build(merged), merged
 
     async def reload(self, reason: str = "request") -> bool:
@@ -195,12 +204,19 @@ class ConfigReloader:
             except Exception:  # the watcher must outlive any one bad reload
                 log.exception("config watcher error")
 
+    def request_reload(self, reason: str = "request") -> concurrent.futures.Future[bool]:
+        """reload() on the reloader's own loop, from any other thread (an embedding program, a
+        test); the future has reload()'s result."""
+        if self._loop is None:
+            raise RuntimeError("the reloader is not started")
+        return asyncio.run_coroutine_threadsafe(self.reload(reason), self._loop)
+
     def _on_sighup(self) -> None:
         asyncio.get_running_loop().create_task(self.reload("SIGHUP"))
 
     def start(self) -> None:
         """Start polling and listen for SIGHUP (when running in the main thread's loop)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._watch())
         try:
             loop.add_signal_handler(signal.SIGHUP, self._on_sighup)

@@ -16,6 +16,7 @@ import numpy as np
 from backends.config import NANOS_PER_USD, Price, cost_nanos
 from classifiers.inference import DifficultyScorer
 from policies.base import BatchContext, Policy, Tunable
+from policies.calibration import CalibratingPolicy, replay_decisions
 from policies.registry import build_policies, tiers_by_price
 from simulations.sim_config import SimConfig
 from simulations.sweep import SweepInputs
@@ -156,7 +157,12 @@ def decide(
     """Config-order tier index and outcome role per request, from the policy's decide_batch.
 
     `units` are the requests' ids, so a randomised policy draws as the proxy did for them."""
-    local = np.asarray(policy.decide_batch(scores, BatchContext(units=units)), dtype=np.int64)
+    ctx = BatchContext(units=units)
+    if isinstance(policy, CalibratingPolicy):
+        # Calibration is sequential: each request is decided at the threshold in force then.
+        local = replay_decisions(policy, scores, ctx).tier_idx
+    else:
+        local = np.asarray(policy.decide_batch(scores, ctx), dtype=np.int64)
     to_config = np.asarray([prices.index(t) for t in policy.tiers()], dtype=np.int64)
     tier_idx = to_config[local]
     role = prices.role[tier_idx]
@@ -169,10 +175,27 @@ def decide(
     return tier_idx, role
 
 
+def policy_scores(
+    sim: SimConfig, trace: ReplayTrace, scores: np.ndarray, policy_name: str | None = None
+) -> np.ndarray:
+    """The scores the named policy routes by. A policy with its own `model_path` (a canary, an
+    A/B arm with a candidate model) is scored by that model, as the proxy scores its requests;
+    `scores` are the global model's. Scores the trace itself carries (recorded in it, or read
+    from a scores file: `scores is trace.scores`) were chosen by the user and are kept."""
+    config = sim.policies.get(policy_name or sim.default_policy)
+    own = config.model_path if config is not None else None
+    if own is None or own == sim.model_path or scores is trace.scores:
+        return scores
+    return score_texts(trace.texts, own)
+
+
 def replay(
     sim: SimConfig, trace: ReplayTrace, scores: np.ndarray, policy_name: str | None = None
 ) -> ReplayResult:
+    """`scores`: the global model's (trace_scores); a policy with its own model is re-scored by
+    it (policy_scores)."""
     policy = pick_policy(sim, policy_name)
+    scores = policy_scores(sim, trace, scores, policy_name)
     prices = TierPrices.from_prices(sim.prices)
     tier_idx, role = decide(policy, scores, prices, trace.record, trace.units())
     rows = np.arange(len(trace))

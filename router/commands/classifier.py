@@ -19,13 +19,23 @@ import numpy as np
 import typer
 
 from classifiers.config import DEFAULT_MODEL
-from classifiers.dataset import DatasetError, RoutingDataset, load_dataset, routellm_data_dir
+from classifiers.dataset import (
+    DatasetError,
+    RoutingDataset,
+    concat,
+    load_dataset,
+    routellm_data_dir,
+)
 from classifiers.evaluate import report
 from classifiers.labels import known
 from router.commands.common import fail
+from router.evaluation.judges.feedback import append_feedback_labels
+from trace_format.feedback import FEEDBACK_FILE
+from trace_format.labels import labels_path_for
 
 if TYPE_CHECKING:
     from classifiers.inference import DifficultyScorer
+    from classifiers.train import TrainConfig
 
 classifier_app = typer.Typer(no_args_is_help=True)
 
@@ -81,6 +91,22 @@ def train_cmd(
     seed: int = typer.Option(0, help="random seed (training is reproducible from it)"),
     margin: float = typer.Option(0.0, help="large must beat small by more than this (graded)"),
     include_contaminated: bool = typer.Option(False, help="keep RouteLLM-contaminated prompts"),
+    feedback_labels: bool = typer.Option(
+        True, "--feedback-labels/--no-feedback-labels",
+        help="first write users' feedback beside the traces as labels (judge 'feedback')",
+    ),
+    report_kind: str | None = typer.Option(
+        None, "--report",
+        help="loso: also report leave-one-source-out APGR per training recipe on DATA "
+        "(classifiers/loso.py; one fit per recipe and held-out source)",
+    ),
+    max_train_rows: int | None = typer.Option(
+        None, "--loso-max-train-rows", min=2, help="--report loso: fit on at most this many rows"
+    ),
+    loso_recipes: list[str] | None = typer.Option(
+        None, "--loso-recipe",
+        help="--report loso: only these recipes (repeat; default: all, classifiers/loso.py)",
+    ),
 ) -> None:
     """Train on routing outcomes (CSV, traces, a proxy trace folder with labels), export ONNX +
     metadata, and compare with the current model out of fold (paired bootstrap)."""
@@ -98,6 +124,8 @@ def train_cmd(
         raise fail(f"--own-weight must be > 0, got {own_weight}")
     if current is not None and not current.is_file():
         raise fail(f"--current {current}: no such file")
+    if report_kind not in (None, "loso"):
+        raise fail(f"--report: expected 'loso', got {report_kind!r}")
     options = TrainOptions(
         config=TrainConfig(seed=seed, margin=margin), own_weight=own_weight, folds=folds,
         rounds=rounds, current_model=current,
@@ -106,12 +134,24 @@ def train_cmd(
     # the export; the fit's own sub-steps only relabel the bar.
     starts = ("fold ", "loading", "scoring with", "fitting the", "exporting")
     total = 1 + (folds + 1 if folds else 0) + 2
+    if feedback_labels:
+        _label_feedback(data)
     with phases(total, "loading data", lambda m: m.startswith(starts)) as update:
         update("loading data")
         own = _load(data, small, large, include_contaminated, labelled_only=True)
         base = None
         if with_default_data:
             base = _load([routellm_data_dir()], None, None, include_contaminated)
+        if report_kind == "loso":
+            from classifiers.loso import RECIPES, holdouts
+
+            unknown = [r for r in loso_recipes or [] if r not in RECIPES]
+            if unknown:
+                raise fail(f"--loso-recipe: unknown {', '.join(unknown)} (known: "
+                           f"{', '.join(RECIPES)})")  # fmt: skip
+            if not holdouts(own if base is None else concat(own, base)):
+                raise fail("--report loso: leave-one-source-out needs 2+ benchmarks, or one "
+                           "of 4+ sources, in DATA")  # fmt: skip
         try:
             report = train_model(own, out, options, base, data, update)
         except ValueError as exc:
@@ -129,6 +169,42 @@ def train_cmd(
     if report.oof_file is not None:
         written.append(str(report.oof_file))
     typer.echo(f"wrote {out} ({report.metadata['onnx_bytes']} bytes), {', '.join(written)}")
+    if report_kind == "loso":
+        _loso(own if base is None else concat(own, base), options.config, rounds, max_train_rows,
+              loso_recipes or [])
+
+
+def _loso(dataset: RoutingDataset, config: TrainConfig, rounds: int,
+          max_train_rows: int | None, names: list[str]) -> None:  # fmt: skip
+    # scikit-learn: loaded by the training commands only.
+    from classifiers.loso import RECIPES, loso_report
+    from router.commands.progress import phases
+
+    recipes = {n: RECIPES[n] for n in RECIPES if not names or n in names}
+    try:
+        with phases(1, "leave-one-source-out", lambda _m: False) as update:
+            loso = loso_report(dataset, config, recipes, rounds, max_train_rows, update)
+    except ValueError as exc:
+        raise fail(f"--report loso: {exc}") from None
+    typer.echo("leave-one-source-out (each held-out source scored by models not trained on it):")
+    typer.echo("\n".join(loso.lines()))
+
+
+def _label_feedback(data: list[Path]) -> None:
+    """Each trace folder's feedback file becomes labels in its labels.jsonl (only the scores
+    not yet labelled as they stand), so training on users' scores needs no separate step. The
+    loader would read the feedback anyway; the labels record that the feedback judge made them."""
+    folders = {p if p.is_dir() else p.parent for p in data}
+    for folder in sorted(folders):
+        if not (folder / FEEDBACK_FILE).is_file():
+            continue
+        try:
+            added = append_feedback_labels(folder / FEEDBACK_FILE)
+        except OSError as exc:
+            raise fail(f"{folder}: cannot write feedback labels: {exc.strerror}") from None
+        if added:
+            labels = labels_path_for(folder / FEEDBACK_FILE)
+            typer.echo(f"labelled {added} feedback scores in {labels}")
 
 
 @classifier_app.command("eval")

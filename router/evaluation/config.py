@@ -32,6 +32,15 @@ class LlmJudgeConfig(StrictModel):
     )
     max_tokens: int = Field(default=512, ge=1, description="per judge call")
     temperature: float = Field(default=0.0, ge=0, le=2)
+    constrain: Literal["auto", "json_schema", "json_object", "grammar", "none"] = Field(
+        default="auto",
+        description="how the judge model is held to a readable verdict: json_schema = OpenAI "
+        "structured outputs (response_format json_schema: hosted models, vLLM, llama.cpp's "
+        "llama-server); json_object = the same schema in llama-cpp-python's response_format "
+        "dialect; grammar = a GBNF `grammar` forcing the prompt's own [[A]] / [[7]] (llama.cpp "
+        "servers, llama-cpp-python included); none = free text; auto = json_schema, then "
+        "grammar, then none, moving on when the judge's server answers one with an error",
+    )
 
 
 class ReferenceJudgeConfig(StrictModel):

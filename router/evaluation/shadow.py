@@ -153,6 +153,8 @@ class ShadowService:
     def offer(self, call: FinishedCall) -> None:
         """Queue a shadow comparison of `call` if it is sampled; never waits, never raises."""
         s = self.settings
+        if not s.enabled:  # turned off by a reload: the service stays, idle
+            return
         if call.status != 200 or call.tier is None or call.body is None or call.usage is None:
             return
         team = call.identity.team if call.identity is not None else None
@@ -198,6 +200,29 @@ class ShadowService:
         return other if other != call.tier else None
 
     # --- lifecycle ---------------------------------------------------------------------------
+    def reconfigure(self, settings: EvaluationConfig, context_turns: int | None) -> None:
+        """A reloaded `evaluation:` section (and the classifier's `context_turns`), for the
+        next offers and jobs: sampling, filters, shadow tier, rate, cap, content storage,
+        retention and judges. A job already queued keeps its shadow tier; one being judged
+        finishes with the judges it started with. The file, the queue and the workers were
+        made at start: a change of `path`, `queue_size` or `workers` needs a restart (logged).
+        Raises ConfigError (nothing changed) when a judge cannot be built (its prompt file)."""
+        judges = build_judges(settings.judges, self.tiers, self.backends)
+        fixed = [k for k in ("path", "queue_size", "workers")
+                 if getattr(settings, k) != getattr(self.settings, k)]  # fmt: skip
+        if fixed:
+            log.warning("evaluation reload: changes to %s need a restart; applying the rest",
+                        ", ".join(f"evaluation.{k}" for k in fixed))  # fmt: skip
+            settings = settings.model_copy(
+                update={k: getattr(self.settings, k) for k in fixed})  # fmt: skip
+        if settings.rate_per_s != self.settings.rate_per_s:
+            self._bucket = RateBucket(settings.rate_per_s)
+        self.scope = BudgetScope(SHADOW_SCOPE, None,
+                                 BudgetLimit(limit_usd=settings.daily_cap_usd, period="daily"))
+        self.judges = judges
+        self.settings = settings
+        self.context_turns = context_turns
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._worker(), name=f"shadow-{i}")
@@ -221,8 +246,8 @@ class ShadowService:
         return self._queue.empty() and self.in_flight == 0
 
     async def _pruner(self) -> None:
-        retention_s = self.settings.retention_days * 86400
         while True:
+            retention_s = self.settings.retention_days * 86400  # read each time: reloadable
             try:
                 pruned = await asyncio.to_thread(self.log.prune, retention_s)
                 if pruned:
@@ -373,3 +398,27 @@ def build_shadow(
         default_max_tokens=budgets.default_max_tokens, prompt_estimate=budgets.prompt_estimate,
         context_turns=context_turns,
     )  # fmt: skip
+
+
+def reload_shadow(
+    current: ShadowService | None,
+    settings: EvaluationConfig,
+    trace_path: str | None,
+    tiers: Mapping[str, TierConfig],
+    backends: Mapping[str, Backend],
+    store: BudgetStore,
+    registry: CollectorRegistry,
+    budgets: BudgetsConfig,
+    context_turns: int | None,
+) -> ShadowService | None:
+    """The service after a config reload (called on the event loop): the running one
+    reconfigured (turned off = kept, offering nothing), or a new one started when evaluation
+    was off at start and is now on."""
+    if current is not None:
+        current.reconfigure(settings, context_turns)
+        return current
+    service = build_shadow(settings, trace_path, tiers, backends, store, registry, budgets,
+                           context_turns)  # fmt: skip
+    if service is not None:
+        service.start()
+    return service

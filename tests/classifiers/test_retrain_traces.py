@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -25,10 +27,11 @@ from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.oof import read_scores
 from router.cli import app
 from router.config import config_from_dict
+from router.evaluation.judges.feedback import append_feedback_labels
 from tests.support.proxy import ProxyThread
 from tests.support.sim import router_config_dict
 from trace_format.feedback import FEEDBACK_FILE
-from trace_format.labels import LABELS_FILE, LabelRecord
+from trace_format.labels import LABELS_FILE, LabelRecord, iter_labels
 from trace_format.reader import data_files
 
 DATA = routellm_data_dir()
@@ -141,6 +144,29 @@ def test_train_tune_simulate_on_the_trace_folder(trace_dir: Path, tmp_path: Path
     result = runner.invoke(app, ["simulate", "-t", str(trace_dir)])
     assert result.exit_code == 0, result.output
     assert "are among the training prompts of model.onnx" in result.stderr
+
+
+def test_train_turns_feedback_into_labels_first(trace_dir: Path, tmp_path: Path) -> None:
+    # A copy of the folder as the proxy left it: the judge's labels (the last line half-written)
+    # and users' feedback, none of it labelled by the feedback judge yet.
+    folder = tmp_path / "traces"
+    shutil.copytree(trace_dir, folder)
+    labels = folder / LABELS_FILE
+    kept = [ln for ln in labels.read_bytes().split(b"\n") if b'"judge":"feedback"' not in ln]
+    labels.write_bytes(b"\n".join(kept).rstrip(b"\n"))
+    args = ["classifier", "train", str(folder), "--folds", "0"]
+    result = runner.invoke(app, [*args, "--no-feedback-labels", "--out", str(tmp_path / "a.onnx")])
+    assert result.exit_code == 0, result.output
+    assert not [lb for lb in iter_labels(labels) if lb.judge == "feedback"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "b.onnx")])
+    assert result.exit_code == 0, result.output
+    assert f"labelled 30 feedback scores in {labels}" in result.stdout
+    by_judge = Counter(lb.judge for lb in iter_labels(labels))
+    # The half-written line stays unreadable; it swallows no new label.
+    assert by_judge == {"reference": LABELLED, "feedback": 30}
+    feedback = [lb for lb in iter_labels(labels) if lb.judge == "feedback"]
+    assert all(len(lb.outcomes) == 1 and lb.judge_version == "v1" for lb in feedback)
+    assert append_feedback_labels(folder / FEEDBACK_FILE) == 0  # the next train adds none
 
 
 def test_scores_file_missing_a_request_is_a_clean_error(trace_dir: Path, tmp_path: Path) -> None:

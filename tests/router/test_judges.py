@@ -21,7 +21,13 @@ from policies.config import ConfigError
 from router.evaluation.config import LlmJudgeConfig, ReferenceJudgeConfig
 from router.evaluation.judges.base import Answer, Case, Judgement
 from router.evaluation.judges.feedback import append_feedback_labels, feedback_labels
-from router.evaluation.judges.llm import LlmJudge, parse_grade, parse_pairwise
+from router.evaluation.judges.llm import (
+    LlmJudge,
+    parse_grade,
+    parse_pairwise,
+    read_grade,
+    read_pairwise,
+)
 from router.evaluation.judges.prompt import load_prompt
 from router.evaluation.judges.reference import ReferenceJudge, last_number
 from tests.router.test_shadow import metric, shadow_records
@@ -86,13 +92,19 @@ def test_verdict_parsing_never_guesses() -> None:
 
 
 def judge_with(url: str, cases: list[Case], mode: str = "pairwise",
-               prompt: str | None = None) -> list[Judgement]:  # fmt: skip
+               prompt: str | None = None, constrain: str = "auto",
+               judges: list[LlmJudge] | None = None) -> list[Judgement]:  # fmt: skip
+    """The judgements of one LlmJudge; `judges` (a list) receives the judge, to look at after."""
+
     async def go() -> list[Judgement]:
         tier = TierConfig(name="judge", base_url=url, model="verdict", connect_retries=0,
                           price={"input_per_mtok": 1.0, "output_per_mtok": 1.0})  # fmt: skip
         backend = build_backend(tier)
-        settings = LlmJudgeConfig(tier="judge", mode=mode, max_tokens=16)  # type: ignore[arg-type]
+        settings = LlmJudgeConfig(tier="judge", mode=mode, max_tokens=16,  # type: ignore[arg-type]
+                                  constrain=constrain)  # type: ignore[arg-type]
         judge = LlmJudge(settings, load_prompt(mode, prompt), backend, "verdict", tier.price)
+        if judges is not None:
+            judges.append(judge)
         try:
             return [await judge.judge(c) for c in cases]
         finally:
@@ -122,6 +134,73 @@ def test_unparseable_verdicts_give_no_label(verdicts: VerdictServer) -> None:
     [result] = judge_with(verdicts.url, [pair("meh", "GOOD")])
     assert result.outcomes is None and result.unparseable and result.cost_usd > 0
     assert result.label("r", "llm", "v") is None
+
+
+def test_structured_verdicts_are_read_and_never_guessed() -> None:
+    assert read_pairwise('{"verdict": "B"}') == "B" and read_pairwise(' {"verdict":"c"} ') == "C"
+    assert read_pairwise('{"verdict": "D"}') is None and read_pairwise('{"verdict": 1}') is None
+    assert read_pairwise('{"verdict": "A"') is None  # cut short (max_tokens): unparseable
+    assert read_pairwise("[[B]]") == "B"  # a server that ignored the constraint
+    assert read_grade('{"grade": 7}') == 7 and read_grade("[[7]]") == 7
+    assert read_grade('{"grade": 11}') is None and read_grade('{"grade": true}') is None
+    assert read_grade('{"grade": 7.5}') is None
+
+
+@pytest.mark.parametrize("how", ["json_schema", "json_object", "grammar", "none"])
+def test_each_constraint_asks_for_a_verdict_the_parser_reads(verdicts: VerdictServer,
+                                                              how: str) -> None:  # fmt: skip
+    verdicts.app.mode, verdicts.app.refuse = "prefer", set()
+    before = len(verdicts.app.bodies)
+    judges: list[LlmJudge] = []
+    [result] = judge_with(verdicts.url, [pair("meh", "GOOD")], constrain=how, judges=judges)
+    assert result.outcomes == {"small": 0.0, "large": 1.0}
+    sent = verdicts.app.bodies[before:]
+    fields = {"json_schema": "response_format", "json_object": "response_format",
+              "grammar": "grammar"}  # fmt: skip
+    for body in sent:
+        assert {k for k in ("response_format", "grammar") if k in body} == (
+            {fields[how]} if how in fields else set())
+    if how == "json_schema":
+        schema = sent[0]["response_format"]["json_schema"]["schema"]
+        assert schema["properties"]["verdict"]["enum"] == ["A", "B", "C"]
+    assert judges[0].version.endswith("" if how == "none" else f"+{how}")
+    [graded] = judge_with(verdicts.url, [pair("meh", "GOOD")], mode="single", constrain=how)
+    assert graded.outcomes == {"small": pytest.approx(1 / 9), "large": pytest.approx(8 / 9)}
+
+
+@pytest.mark.parametrize("status", [422, 500])  # 500: how llama-cpp-python 0.3 refuses
+def test_auto_moves_on_when_the_server_refuses_a_constraint(verdicts: VerdictServer,
+                                                            status: int) -> None:  # fmt: skip
+    verdicts.app.mode, verdicts.app.refuse_status = "prefer", status
+    verdicts.app.refuse = {"json_schema"}
+    judges: list[LlmJudge] = []
+    results = judge_with(verdicts.url, [pair("meh", "GOOD"), pair("GOOD", "meh")],
+                         judges=judges)  # fmt: skip
+    assert [r.outcomes for r in results] == [{"small": 0.0, "large": 1.0},
+                                             {"small": 1.0, "large": 0.0}]  # fmt: skip
+    assert judges[0].constraint == "grammar"  # remembered: the second pair asked grammar only
+    assert sum("response_format" in b for b in verdicts.app.bodies[-6:]) == 2
+    verdicts.app.refuse = {"json_schema", "grammar"}
+    [free] = judge_with(verdicts.url, [pair("meh", "GOOD")], judges=judges)
+    assert free.outcomes == {"small": 0.0, "large": 1.0} and judges[1].constraint == "none"
+    # A fixed constraint the server refuses: the judge fails (counted as `error`), never guesses.
+    [failed] = judge_with(verdicts.url, [pair("meh", "GOOD")], constrain="grammar")
+    assert failed.outcomes is None and failed.failed and failed.cost_usd == 0
+    verdicts.app.refuse, verdicts.app.refuse_status = set(), 422
+
+
+def test_an_error_on_every_constraint_downgrades_nothing(verdicts: VerdictServer) -> None:
+    # A request the server takes with no constraint at all (an over-long prompt, say): no label,
+    # and auto keeps json_schema for the next one (None = a body without a constraint).
+    verdicts.app.mode = "prefer"
+    verdicts.app.refuse = {"json_schema", "grammar", None}
+    judges: list[LlmJudge] = []
+    try:
+        [result] = judge_with(verdicts.url, [pair("meh", "GOOD")], judges=judges)
+    finally:
+        verdicts.app.refuse = set()
+    assert result.outcomes is None and result.failed
+    assert judges[0].constraint == "json_schema"
 
 
 def test_single_answer_grading(verdicts: VerdictServer) -> None:
@@ -205,7 +284,9 @@ def test_llm_judge_labels_shadow_pairs_through_the_proxy(verdicts: VerdictServer
             labels = list(iter_labels(tmp_path / "labels.jsonl"))
             assert {lb.judge for lb in labels} == {"llm"}
             assert all(lb.outcomes == {"small": 0.5, "large": 0.5} for lb in labels)
-            assert all(lb.judge_version == load_prompt("pairwise", None).version for lb in labels)
+            # The constraint is part of the version (auto: the default).
+            version = load_prompt("pairwise", None).version + "+auto"
+            assert all(lb.judge_version == version for lb in labels)
             assert all(lb.cost_usd > 0 for lb in labels)
             verdicts.app.mode = "garbage"
             oa.chat.completions.create(model="auto", max_tokens=8,

@@ -2,8 +2,9 @@
 two llama.cpp SmolLM2 tiers, a third llama.cpp server as the `llm` judge, the official `openai`
 client, 100% shadow sampling on a few dozen short requests. Every request is answered, every
 shadow comparison is recorded, and labels land: from the `reference` judge on the requests that
-carry an answer, from the `llm` judge on the others (its parse rate is printed; an unparseable
-verdict is counted and gives no label). One thread per server, small max_tokens: a few minutes
+carry an answer, from the `llm` judge on the others: SmolLM2-135M, held to a readable verdict by
+`constrain: auto` (llama-cpp-python refuses json_schema, so the GBNF grammar), so every verdict
+parses (free text, it parsed 0 of 12). One thread per server, small max_tokens: a few minutes
 on two cores."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from router.evaluation.judges.llm import LlmJudge
 from tests.router.test_shadow import metric, shadow_records
 from tests.support.proxy import ProxyThread, llama_server, make_config, tier
 from tests.support.waiting import wait_for
@@ -88,6 +90,10 @@ def test_shadow_and_judges_label_live_traffic(servers: dict[str, str], tmp_path:
         unparseable = metric(proxy, "cost_router_judge_verdicts_total", judge="llm",
                              result="unparseable")  # fmt: skip
         assert llm_labelled + unparseable == len(OPEN)  # every open question went to the judge
+        assert unparseable == 0 and llm_labelled == len(OPEN)  # constrained: 100% parse rate
+        assert proxy.state.shadow is not None
+        judge = proxy.state.shadow.judges[-1]
+        assert isinstance(judge, LlmJudge) and judge.constraint == "grammar"
         assert len(by_judge["llm"]) == llm_labelled
         spend = metric(proxy, "cost_router_judge_spend_usd_total", judge="llm")
         print(f"\nlabels: {len(labels)} ({len(by_judge['reference'])} reference, "

@@ -6,6 +6,13 @@ Modes (`server.mode`, changeable between requests):
   in single-answer prompts, `Rating: [[9]]` for it and `[[2]]` otherwise;
 - ``first``: always `[[A]]` (a judge with pure position bias);
 - ``garbage``: prose without a verdict.
+
+Constraints (router/evaluation/judges/constrain.py): a `response_format` of type json_schema or
+json_object is honoured (the verdict as `{"verdict": "A"}` / `{"grade": 9}`) and a `grammar`
+too (the bare `[[A]]`), unless named in `server.refuse` ({"json_schema", "json_object",
+"grammar"}): then the request is answered with `refuse_status` (422, or 500 as llama-cpp-python
+answers an unknown response_format), as a server that lacks the feature does. `server.bodies`
+keeps every request body.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ class VerdictApp:
         self.mode = "prefer"
         self.marker = marker
         self.served = 0
+        self.refuse: set[str | None] = set()  # None: a body without a constraint
+        self.refuse_status = 422
+        self.bodies: list[dict[str, Any]] = []
 
     def reply(self, prompt: str) -> str:
         if self.mode == "garbage":
@@ -61,12 +71,19 @@ class VerdictApp:
             parts.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
+        status = 200
         if scope["path"].endswith("/models"):
             payload: dict[str, Any] = {"object": "list", "data": [{"id": "judge"}]}
         else:
             body = orjson.loads(b"".join(parts))
+            self.bodies.append(body)
             prompt = "".join(str(m.get("content")) for m in body.get("messages") or [])
-            text = self.reply(prompt)
+            constraint = _constraint(body)
+            if constraint in self.refuse:
+                await _send(send, self.refuse_status,
+                            {"error": {"message": f"unsupported: {constraint}"}})
+                return
+            text = _constrained(self.reply(prompt), constraint)
             self.served += 1
             payload = {"id": "v", "object": "chat.completion", "model": "verdict",
                        "choices": [{"index": 0, "finish_reason": "stop",
@@ -74,9 +91,35 @@ class VerdictApp:
                        "usage": {"prompt_tokens": len(prompt.split()),
                                  "completion_tokens": len(text.split()),
                                  "total_tokens": len(prompt.split()) + len(text.split())}}
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": orjson.dumps(payload)})
+        await _send(send, status, payload)
+
+
+async def _send(send: Any, status: int, payload: dict[str, Any]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": orjson.dumps(payload)})
+
+
+def _constraint(body: dict[str, Any]) -> str | None:
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object"):
+        return str(fmt["type"])
+    return "grammar" if body.get("grammar") else None
+
+
+VERDICT = re.compile(r"\[\[(\w+)\]\]")
+
+
+def _constrained(text: str, constraint: str | None) -> str:
+    """The reply as a server decoding under the constraint writes it."""
+    found = VERDICT.search(text)
+    if constraint is None or found is None:
+        return text
+    verdict = found.group(1)
+    if constraint == "grammar":
+        return f"[[{verdict}]]"
+    return orjson.dumps({"grade": int(verdict)} if verdict.isdigit()
+                        else {"verdict": verdict}).decode()  # fmt: skip
 
 
 class VerdictServer:

@@ -65,6 +65,13 @@ def append_feedback_labels(trace_path: str | Path) -> int:
            != rec.outcomes]  # fmt: skip
     if new:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as fh:
-            fh.write(b"".join(rec.line() for rec in new))
+        with path.open("ab+") as fh:
+            # A half-written last line (a writer that died mid-line) must not swallow the first
+            # new label: start on a line of our own.
+            fh.seek(0, 2)
+            torn = False
+            if fh.tell():
+                fh.seek(-1, 2)
+                torn = fh.read(1) != b"\n"
+            fh.write((b"\n" if torn else b"") + b"".join(rec.line() for rec in new))
     return len(new)

@@ -3,8 +3,12 @@
 Pairwise: the judge sees both answers and names the better one, asked twice with the answers in
 both orders to cancel position bias; the same winner both times wins (1 vs 0), anything else is
 a tie (0.5 each). Single: each answer graded 1-10 on its own, outcome (grade - 1) / 9.
-A verdict is read only in the prompt's own format (`[[A]]`, `[[B]]`, `[[C]]`; `[[7]]`): a judge
-answer without exactly one of them is unparseable, counted, and gives no label.
+A verdict is read only in the prompt's own format (`[[A]]`, `[[B]]`, `[[C]]`; `[[7]]`), or as the
+structured reply a `json_schema` constraint asks for (`{"verdict": "A"}`, `{"grade": 7}`): a judge
+answer without exactly one of them is unparseable, counted, and gives no label. `constrain`
+(judges/constrain.py) asks the judge's server to decode only such a verdict; `auto` tries
+json_schema, then grammar, then none, and keeps the first the server does not answer with an
+error.
 """
 
 from __future__ import annotations
@@ -19,6 +23,13 @@ from backends.config import Price
 from policies.budgets.estimate import worst_case
 from router.evaluation.config import LlmJudgeConfig
 from router.evaluation.judges.base import NO_LABEL, Case, Judgement
+from router.evaluation.judges.constrain import (
+    AUTO_ORDER,
+    Constraint,
+    constrained,
+    json_grade,
+    json_verdict,
+)
 from router.evaluation.judges.prompt import JudgePrompt
 
 log = logging.getLogger(__name__)
@@ -36,6 +47,15 @@ def parse_pairwise(text: str) -> str | None:
 def parse_grade(text: str) -> int | None:
     found = {int(m) for m in GRADE.findall(text)}
     return found.pop() if len(found) == 1 else None
+
+
+def read_pairwise(text: str) -> str | None:
+    """A structured verdict, else the prompt's `[[A]]` format (a server may ignore a constraint)."""
+    return json_verdict(text) or parse_pairwise(text)
+
+
+def read_grade(text: str) -> int | None:
+    return json_grade(text) or parse_grade(text)
 
 
 def _content(body: dict[str, Any]) -> str:
@@ -57,7 +77,11 @@ class LlmJudge:
         self.backend = backend
         self.model = model
         self.price = price
-        self.version = prompt.version
+        # The constraint changes what the judge can answer, so it is part of the version.
+        how = settings.constrain
+        self.version = prompt.version if how == "none" else f"{prompt.version}+{how}"
+        self._order: tuple[Constraint, ...] = AUTO_ORDER if how == "auto" else (how,)
+        self._start = 0  # auto: index of the first constraint the server has not refused
 
     def _bodies(self, case: Case) -> list[dict[str, Any]]:
         q = case.question
@@ -74,21 +98,48 @@ class LlmJudge:
     def _judgeable(self, case: Case) -> bool:
         return len(case.answers) >= (2 if self.settings.mode == "pairwise" else 1)
 
+    @property
+    def constraint(self) -> Constraint:
+        """What the next judge call asks of the server (auto: what it last accepted)."""
+        return self._order[self._start]
+
     def bound_usd(self, case: Case) -> float:
         if not self._judgeable(case):
             return 0.0
-        return sum(worst_case(b, self.price, self.settings.max_tokens).usd
+        # A call answered with an error is not billed: only the one that answers costs, at most
+        # the dearest of the variants that may be sent.
+        mode = self.settings.mode
+        return sum(max(worst_case(constrained(b, mode, how), self.price,
+                                  self.settings.max_tokens).usd for how in self._order)
                    for b in self._bodies(case))  # fmt: skip
 
     async def _ask(self, body: dict[str, Any]) -> tuple[str | None, float]:
-        """(the judge's text or None when the call failed, its cost)."""
-        try:
-            answer = await self.backend.complete("chat/completions", body)
-        except (UpstreamError, UpstreamClientError) as exc:
-            log.warning("llm judge call failed: %s", exc)
-            return None, 0.0
-        usage = answer.usage
-        return _content(answer.body), self.price.cost(usage.prompt_tokens, usage.completion_tokens)
+        """(the judge's text or None when the call failed, its cost). A server that answers a
+        constraint with an error (a 4xx; llama-cpp-python answers an unknown response_format
+        with a 500) is asked again with the next one. auto remembers the first accepted one
+        only once a call with it succeeded, so one over-long prompt's error never downgrades
+        the judge for good; a server that cannot be reached at all is not asked again."""
+        for i in range(self._start, len(self._order)):
+            how = self._order[i]
+            try:
+                answer = await self.backend.complete(
+                    "chat/completions", constrained(body, self.settings.mode, how))
+            except (UpstreamError, UpstreamClientError) as exc:
+                answered = isinstance(exc, UpstreamClientError) or exc.status is not None
+                if answered and i + 1 < len(self._order):
+                    log.info("llm judge: constrain=%s answered with an error (%s); trying %s",
+                             how, exc, self._order[i + 1])  # fmt: skip
+                    continue
+                log.warning("llm judge call failed: %s", exc)
+                return None, 0.0
+            if i > self._start:
+                log.warning("llm judge: the judge's server refuses constrain=%s; using %s",
+                            self._order[self._start], how)  # fmt: skip
+                self._start = i
+            usage = answer.usage
+            cost = self.price.cost(usage.prompt_tokens, usage.completion_tokens)
+            return _content(answer.body), cost
+        return None, 0.0
 
     async def judge(self, case: Case) -> Judgement:
         if not self._judgeable(case):
@@ -103,7 +154,7 @@ class LlmJudge:
         return self._single(case, [t or "" for t in texts], cost)
 
     def _pairwise(self, case: Case, texts: list[str], cost: float) -> Judgement:
-        first, second = (parse_pairwise(t) for t in texts)
+        first, second = (read_pairwise(t) for t in texts)
         detail = f"order1={first} order2={second}"
         if first is None or second is None:
             return Judgement(None, cost_usd=cost, unparseable=True, detail=detail)
@@ -117,7 +168,7 @@ class LlmJudge:
         return Judgement({x: 0.5, y: 0.5}, verdict="tie", cost_usd=cost, detail=detail)
 
     def _single(self, case: Case, texts: list[str], cost: float) -> Judgement:
-        grades = [parse_grade(t) for t in texts]
+        grades = [read_grade(t) for t in texts]
         detail = " ".join(f"{a.tier}={g}" for a, g in zip(case.answers, grades, strict=True))
         if any(g is None for g in grades):
             return Judgement(None, cost_usd=cost, unparseable=True, detail=detail)

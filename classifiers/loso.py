@@ -1,0 +1,198 @@
+"""Leave-one-source-out: how a training recipe does on sources it was not trained on.
+
+In-distribution cross-validation rewards what does not travel (the source prior learns the MMLU
+subjects by name). The shipped model meets traffic of other kinds, so its recipe is chosen by
+held-out sources: each benchmark held out in turn (train on MMLU, test on GSM8K, and the
+reverse), and within a benchmark made of several sources (the MMLU subjects; a trace folder's
+files), half the sources trained on and the other half held out, both ways. Each recipe is the
+shipped `TrainConfig` with some parts taken out (`RECIPES`); `choose` keeps a part only if taking
+it out lowers the mean held-out APGR. Offline only (scikit-learn, through classifiers.train).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from classifiers.dataset import RoutingDataset
+from classifiers.evaluate import METRICS, Estimate, bootstrap, paired_bootstrap
+from classifiers.labels import gain_class, known
+from classifiers.train import TrainConfig, fit_frame, frame, predict_scores
+
+# The parts of the shipped recipe that a simpler one leaves out, and the simpler recipes.
+PARTS: dict[str, dict[str, Any]] = {
+    "source_prior": {"prior_weight": 0.0},
+    "char_ngrams": {"char_sides": ()},
+    "open_weight": {"open_weight": 1.0},
+}
+RECIPES: dict[str, tuple[str, ...]] = {  # name -> the parts it leaves out
+    "shipped": (),
+    "no_source_prior": ("source_prior",),
+    "no_char_ngrams": ("char_ngrams",),
+    "no_open_weight": ("open_weight",),
+    "words_only": ("source_prior", "char_ngrams"),
+}
+
+
+def recipe_config(base: TrainConfig, without: tuple[str, ...]) -> TrainConfig:
+    overrides: dict[str, Any] = {}
+    for part in without:
+        overrides.update(PARTS[part])
+    return replace(base, **overrides)
+
+
+@dataclass(frozen=True)
+class Holdout:
+    name: str  # "gsm8k (trained on mmlu)", "mmlu half 2 (trained on half 1)"
+    train: np.ndarray  # row indices into the dataset
+    test: np.ndarray
+
+
+def holdouts(ds: RoutingDataset, seed: int = 0) -> list[Holdout]:
+    """Every benchmark held out in turn (when there are 2+), then, within each benchmark of 4+
+    sources, a seeded half of its sources against the other half, both ways."""
+    rows = np.flatnonzero(known(ds.small, ds.large))
+    bench = ds.benchmark[rows].astype(str)
+    out: list[Holdout] = []
+    names = sorted(set(bench.tolist()))
+    if len(names) > 1:
+        for name in names:
+            others = "+".join(n for n in names if n != name)
+            out.append(Holdout(f"{name} (trained on {others})", rows[bench != name],
+                               rows[bench == name]))  # fmt: skip
+    rng = np.random.default_rng(seed)
+    for name in names:
+        mine = rows[bench == name]
+        sources = sorted(set(ds.source[mine].astype(str).tolist()))
+        if len(sources) < 4:
+            continue
+        order = rng.permutation(len(sources))
+        half = {sources[i] for i in order[: len(sources) // 2]}
+        first = np.asarray([str(s) in half for s in ds.source[mine]])
+        out.append(Holdout(f"{name} half 2 (trained on half 1)", mine[first], mine[~first]))
+        out.append(Holdout(f"{name} half 1 (trained on half 2)", mine[~first], mine[first]))
+    return out
+
+
+@dataclass(frozen=True)
+class Result:
+    recipe: str
+    holdout: str
+    apgr: Estimate
+    auc: Estimate
+    delta: Estimate | None  # APGR - the first recipe's on the same held-out rows (paired)
+
+
+@dataclass(frozen=True)
+class LosoReport:
+    results: list[Result]
+    train_rows: dict[str, int]  # per holdout, after `max_train_rows`
+    test_rows: dict[str, int]
+
+    def mean_apgr(self) -> dict[str, float]:
+        """Per recipe, the mean over holdouts whose APGR is defined (NaN: the held-out rows'
+        two models scored the same on average, so there is no gap to recover)."""
+        by: dict[str, list[float]] = {}
+        for r in self.results:
+            by.setdefault(r.recipe, []).append(r.apgr.value)
+        return {k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+                for k, v in by.items()}  # fmt: skip
+
+    def choose(self) -> tuple[str, list[str]]:
+        """(the chosen recipe, why): the shipped recipe less every part whose removal alone does
+        not lower the mean held-out APGR; when that combination was measured, it must not be
+        below the shipped one either, else the best single measured recipe is chosen."""
+        means = self.mean_apgr()
+        base = means.get("shipped")
+        if base is None:
+            best = max(means, key=lambda k: means[k])
+            return best, [f"chosen: {best} (the best mean held-out APGR, {means[best]:.3f})"]
+        why, drop = [], set()
+        for name, parts in RECIPES.items():
+            if len(parts) == 1 and name in means:
+                change = means[name] - base
+                keep = change < 0
+                why.append(f"without {parts[0]}: mean held-out APGR {change:+.3f} -> "
+                           f"{'keep' if keep else 'drop'} it")  # fmt: skip
+                if not keep:
+                    drop.add(parts[0])
+        chosen = next((n for n, p in RECIPES.items() if set(p) == drop and n in means), None)
+        if chosen is None or means[chosen] < base:
+            chosen = max(means, key=lambda k: (round(means[k], 6), -len(RECIPES.get(k, ()))))
+        why.append(f"chosen: {chosen} (mean held-out APGR {means[chosen]:.3f}; shipped "
+                   f"{base:.3f})")  # fmt: skip
+        return chosen, why
+
+    def lines(self) -> list[str]:
+        first = self.results[0].recipe if self.results else "shipped"
+        out = [f"{'recipe':<16} {'held out':<38} {'APGR (95%)':<22} {'AUC':<6} vs {first}"]
+        for r in self.results:
+            delta = "" if r.delta is None else str(r.delta)
+            out.append(f"{r.recipe:<16} {r.holdout:<38} {r.apgr!s:<22} {r.auc.value:<6.3f} "
+                       f"{delta}")  # fmt: skip
+        means = self.mean_apgr()
+        out.append("mean held-out APGR: " + ", ".join(f"{k} {v:.3f}" for k, v in means.items()))
+        out.extend(self.choose()[1])
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        def est(e: Estimate | None) -> dict[str, float] | None:
+            return None if e is None else {"value": e.value, "low": e.low, "high": e.high}
+
+        chosen, why = self.choose()
+        return {
+            "results": [{"recipe": r.recipe, "holdout": r.holdout, "apgr": est(r.apgr),
+                         "auc": est(r.auc), "apgr_vs_first": est(r.delta)}
+                        for r in self.results],  # fmt: skip
+            "mean_apgr": self.mean_apgr(), "train_rows": self.train_rows,
+            "test_rows": self.test_rows, "chosen": chosen, "why": why,
+        }  # fmt: skip
+
+
+def loso_report(
+    ds: RoutingDataset,
+    base: TrainConfig,
+    recipes: Mapping[str, tuple[str, ...]] = RECIPES,
+    rounds: int = 200,
+    max_train_rows: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> LosoReport:
+    """Fit each recipe on each holdout's training rows (at most `max_train_rows`, a seeded
+    sample) and score its held-out rows: APGR and AUC with 95% bootstrap intervals, and the
+    paired APGR difference from the first recipe (normally "shipped") on the same rows."""
+    splits = holdouts(ds, base.seed)
+    if not splits:
+        raise ValueError("leave-one-source-out needs 2+ benchmarks, or one of 4+ sources "
+                         f"(got {', '.join(ds.benchmarks) or 'none'})")  # fmt: skip
+    rng = np.random.default_rng(base.seed)
+    data = frame(ds.prompts)  # once: every fit takes its rows from it
+    labels = gain_class(ds.small, ds.large, base.margin)
+    results: list[Result] = []
+    train_rows, test_rows = {}, {}
+    for split in splits:
+        train = split.train
+        if max_train_rows is not None and len(train) > max_train_rows:
+            train = np.sort(rng.choice(train, max_train_rows, replace=False))
+        train_rows[split.name], test_rows[split.name] = len(train), len(split.test)
+        small, large = ds.small[split.test], ds.large[split.test]
+        first: np.ndarray | None = None
+        for name, without in recipes.items():
+            if progress:
+                progress(f"{name}: {split.name}")
+            config = recipe_config(base, without)
+            pipeline = fit_frame(data.iloc[train], labels[train], config, ds.source[train])
+            scores = predict_scores(pipeline, data.iloc[split.test])
+            delta = None
+            if first is None:
+                first = scores
+            else:
+                delta = paired_bootstrap(METRICS["APGR"], first, scores, small, large,
+                                         rounds, base.seed)  # fmt: skip
+            results.append(Result(
+                name, split.name,
+                bootstrap(METRICS["APGR"], scores, small, large, rounds, base.seed),
+                bootstrap(METRICS["AUC"], scores, small, large, rounds, base.seed), delta))
+    return LosoReport(results, train_rows, test_rows)

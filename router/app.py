@@ -21,20 +21,27 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from backends.registry import build_backends, close_backends
+from backends.signal_deployments import register_deployments
 from backends.signal_poller import SignalsPoller
 from backends.signals_metrics import register_signals
 from policies.budgets.factory import build_stores
 from policies.budgets.metrics import BudgetGauges
 from policies.budgets.store import BudgetStore
+from policies.calibration import calibration_store, carry_calibration
 from policies.keys import KeyRing, KeyStore
+from router.admin_api import BODIES as ADMIN_BODIES
+from router.admin_api import admin_router
 from router.budget_api import budget_router
 from router.budget_gate import BudgetGate
-from router.config import RouterConfig
+from router.config import ConfigError, RouterConfig
+from router.drift_monitor import DriftMonitor
+from router.embeddings import EmbeddingRequest, embed
 from router.errors import install_error_handlers, json_response
-from router.evaluation.shadow import build_shadow
+from router.evaluation.shadow import build_shadow, reload_shadow
 from router.feedback import FeedbackIn, FeedbackService
 from router.feedback_api import feedback_router
 from router.metrics import RouterMetrics
+from router.not_found import not_found_router
 from router.openapi import Health, ModelList, Readiness, errors, install_openapi, json_body, ok
 from router.reload import ConfigReloader
 from router.request_path import handle
@@ -49,6 +56,7 @@ from router.state import (
     build_selector,
     load_scorers,
 )
+from router.telemetry_config import CallTracer
 from router.trace_sink import TraceSink
 
 log = logging.getLogger(__name__)
@@ -92,6 +100,7 @@ def build_state(
         traces = TraceSink(config.traces.path, config.traces.max_bytes, config.traces.backups)
         feedback = FeedbackService(config.traces.path, config.traces.backups)
     backends = build_backends(config.tiers)
+    register_deployments(backends, metrics.registry)  # tiers' deployments in /metrics
     return RouterState(
         config=config,
         selector=build_selector(config),
@@ -107,10 +116,27 @@ def build_state(
         traces=traces,
         feedback=feedback,
         signals=_signals(config, metrics),
+        telemetry=_telemetry(config),
+        drift=DriftMonitor(config.monitoring, metrics,
+                           calibration_store(budget_store, config.budgets.key_prefix),
+                           config.classifier.model_path, config.traces.path),
         shadow=build_shadow(config.evaluation, config.traces.path, {t.name: t for t in
                             config.tiers}, backends, budget_store, metrics.registry,
                             config.budgets, config.classifier.context_turns),  # fmt: skip
     )
+
+
+def _telemetry(config: RouterConfig) -> CallTracer | None:
+    if not config.telemetry.enabled:
+        return None
+    # Imported only when tracing is on: OpenTelemetry is the optional `otel` extra, and a proxy
+    # with tracing off must not load it.
+    try:
+        from router.telemetry import Telemetry
+    except ImportError as exc:
+        raise ConfigError(f"telemetry.enabled needs OpenTelemetry ({exc.name} is missing): "
+                          "pip install 'cost-router[otel]'") from None
+    return Telemetry(config.telemetry)
 
 
 def _signals(config: RouterConfig, metrics: RouterMetrics) -> SignalsPoller | None:
@@ -126,6 +152,8 @@ def _signals(config: RouterConfig, metrics: RouterMetrics) -> SignalsPoller | No
 
 async def start_state(state: RouterState) -> None:
     await state.budgets.store.start()
+    if state.drift is not None:
+        await state.drift.load(state.selector.policies)  # calibrated thresholds, before traffic
     if state.signals is not None:
         state.signals.start()
     if state.shadow is not None:
@@ -148,6 +176,8 @@ async def stop_state(state: RouterState) -> None:
     await state.budgets.store.aclose()
     if state.traces is not None:
         state.traces.close()
+    if state.telemetry is not None:
+        await asyncio.to_thread(state.telemetry.shutdown)  # flushes spans: network, off the loop
 
 
 def swap_state(app: FastAPI, new: RouterState) -> RouterState:
@@ -163,6 +193,7 @@ def apply_routing(app: FastAPI, routing: Routing, config: RouterConfig) -> None:
     new policies/experiments/teams/keys and classifier models (loaded by build_routing, off the
     event loop). In-flight requests keep the state, and so the models, they started with."""
     old: RouterState = app.state.router
+    carry_calibration(old.selector.policies, routing.selector.policies)
     swap_state(
         app,
         replace(
@@ -173,6 +204,11 @@ def apply_routing(app: FastAPI, routing: Routing, config: RouterConfig) -> None:
             keys=key_ring(config, old.keys.store, old.keys),
             budgets=budget_gate(config, old.budgets.store, old.budgets.gauges),
             pending=old.pending,
+            # The evaluation section reloads: the running shadow service reconfigured in place.
+            shadow=reload_shadow(old.shadow, config.evaluation, config.traces.path,
+                                 {t.name: t for t in config.tiers}, old.backends,
+                                 old.budgets.store, old.metrics.registry, config.budgets,
+                                 config.classifier.context_turns),  # fmt: skip
         ),
     )
 
@@ -199,7 +235,9 @@ def create_app(
     app = FastAPI(title="cost-router", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     _add_routes(app)
-    install_openapi(app, [ChatCompletionRequest, CompletionRequest, FeedbackIn])
+    app.include_router(not_found_router)  # last: what no route above serves gets the listing
+    install_openapi(app, [ChatCompletionRequest, CompletionRequest, FeedbackIn, EmbeddingRequest,
+                          *ADMIN_BODIES])
     return app
 
 
@@ -220,6 +258,7 @@ def _start_reloader(app: FastAPI, config_path: str | Path | None) -> ConfigReloa
 def _add_routes(app: FastAPI) -> None:
     app.include_router(budget_router)
     app.include_router(feedback_router)
+    app.include_router(admin_router)  # /admin/v1/...: keys, teams, budgets (admin keys only)
 
     # The published schema (router/openapi.py): bodies these routes read themselves, and errors.
     completion_responses = {
@@ -239,6 +278,15 @@ def _add_routes(app: FastAPI) -> None:
               openapi_extra={**json_body(CompletionRequest), "security": auth})
     async def completions(request: Request) -> Response:
         return await handle(request.app.state.router, request, "completions")
+
+    @app.post("/v1/embeddings", tags=["openai"], openapi_extra={
+        **json_body(EmbeddingRequest), "security": auth}, responses={
+        200: {"description": "the upstream's embeddings (JSON)",
+              "content": {"application/json": {"schema": {"type": "object"}}}},
+        **errors(400, 401, 404, 408, 413, 415, 429, 502, 503)})  # fmt: skip
+    async def embeddings(request: Request) -> Response:
+        # Unrouted: the tier embeddings.tier names (router/embeddings.py).
+        return await handle(request.app.state.router, request, "embeddings", embed)
 
     @app.get("/v1/models", tags=["openai"], responses=ok(ModelList))
     async def models(request: Request) -> Response:
@@ -260,6 +308,9 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/metrics", tags=["ops"], responses=ok(media_type="text/plain"))
     async def metrics(request: Request) -> Response:
         await request.app.state.router.budgets.refresh_gauges()
+        state: RouterState = request.app.state.router
+        if state.drift is not None:
+            await state.drift.refresh(state.selector.policies, state.config.policies)
         body, content_type = request.app.state.router.metrics.render()
         return Response(body, media_type=content_type)
 

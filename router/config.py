@@ -32,6 +32,8 @@ from policies.config import (
 )
 from policies.registry import PolicyEnv, check_routing
 from router.evaluation.config import EvaluationConfig, check_evaluation
+from router.telemetry_config import TelemetryConfig
+from simulations.drift_limits import DriftLimits
 
 __all__ = ["ConfigError", "RouterConfig", "config_from_dict", "load_config", "section_from_env"]
 
@@ -72,6 +74,44 @@ class ServerConfig(StrictModel):
     )
 
 
+class MonitoringConfig(StrictModel):
+    """Live drift signals of the proxy (router/drift_monitor.py; docs/monitoring.md, "Live
+    signals and calibration"): per-policy gauges over a rolling window of requests."""
+
+    enabled: bool = Field(default=True, description="compute the live drift gauges")
+    window_requests: int = Field(
+        default=1000, ge=10,
+        description="the rolling window: this many most recent scored requests per policy (with "
+        "window_s: at most this many)",
+    )
+    window_s: float | None = Field(
+        default=None, gt=0,
+        description="the rolling window in seconds instead (requests older than this drop out); "
+        "window_requests still caps its memory",
+    )
+    reference: str | None = Field(
+        default=None,
+        description="reference score distribution (classifiers/score_reference.py format) the "
+        "PSI and KS gauges compare with; None: `<model>.scores.json` beside each policy's "
+        "classifier model, when it exists",
+    )
+    drift: DriftLimits = Field(
+        default_factory=DriftLimits,
+        description="limits and false-alarm budget of `cost-router drift report` "
+        "(docs/monitoring.md, \"Sound detection\")",
+    )
+
+
+class EmbeddingsConfig(StrictModel):
+    """`POST /v1/embeddings` (router/embeddings.py): passed through to one tier, unrouted."""
+
+    tier: str | None = Field(
+        default=None,
+        description="the tier of an embedding model that serves every /v1/embeddings request "
+        "(charged by input tokens at its prompt price); None: /v1/embeddings answers 404",
+    )
+
+
 class RouterConfig(StrictModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     classifier: ClassifierConfig = Field(default_factory=ClassifierConfig)
@@ -88,6 +128,16 @@ class RouterConfig(StrictModel):
     evaluation: EvaluationConfig = Field(
         default_factory=EvaluationConfig,
         description="shadow comparisons and judges (docs/learning.md)",
+    )
+    embeddings: EmbeddingsConfig = Field(
+        default_factory=EmbeddingsConfig, description="the /v1/embeddings passthrough")
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="OpenTelemetry tracing over OTLP (router/telemetry.py; the `otel` extra)",
+    )
+    monitoring: MonitoringConfig = Field(
+        default_factory=MonitoringConfig,
+        description="live drift gauges: score drift, large share, calibrated threshold",
     )
 
     @field_validator("tiers")
@@ -111,6 +161,10 @@ class RouterConfig(StrictModel):
         if problems:
             raise ConfigError("; ".join(problems))
         check_store_kind(self.budgets.store)
+        if self.embeddings.tier is not None and self.embeddings.tier not in {t.name for t in
+                                                                             self.tiers}:
+            raise ConfigError(f"embeddings.tier: no tier named {self.embeddings.tier!r} (tiers: "
+                              f"{', '.join(t.name for t in self.tiers)})")  # fmt: skip
         check_routing(self.policies, self.default_policy, {t.name for t in self.tiers},
                       self.teams, self.keys, self.experiments)
         team_names = {*self.teams, *(k.team for k in self.keys), self.auth.default_team}

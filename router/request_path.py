@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, Usage
 from backends.config import TierConfig
+from backends.deployments import DeploymentsBusy
 from backends.json_limits import MAX_JSON_DEPTH, deeper_than
 from backends.usage import counted_usage, usage_json
 from policies.base import RoutingContext
@@ -34,6 +35,7 @@ from router.errors import RouterError, error_body, error_response, json_response
 from router.schemas import validate_body
 from router.state import RouterState, TierLimiter
 from router.stream_relay import StreamMeter, relay
+from router.telemetry_config import caller_trace
 from router.usage_guard import UsageBound, checked_usage, priced
 from trace_format.request_text import request_text
 
@@ -58,6 +60,7 @@ class Call:
     selection: Selection | None = None
     score: float | None = None
     tier: str | None = None  # the tier that answered (or was chosen, until one answers)
+    deployment: str | None = None  # which of that tier's deployments answered (if it lists some)
     reason: str = ""
     model: str | None = None
     tiers_tried: list[str] = field(default_factory=list)
@@ -76,6 +79,9 @@ class Call:
     error_detail: str | None = None  # what broke a stream, for the trace (never the client)
     answer: Any = None  # the answer body, or a stream's content events (shadow comparisons)
     finishing: bool = False  # finish() is queued: a later failure amends the call, not a 2nd run
+    # Only while tracing is on (router/telemetry.py builds the spans from them in finish()):
+    marks: dict[str, float] | None = None  # step -> perf_counter at its start / "<step>_end"
+    trace_parent: dict[str, str] | None = None  # the caller's W3C trace context headers
 
     @property
     def policy(self) -> str:
@@ -87,6 +93,8 @@ class Call:
         h = {"x-router-request-id": self.id}
         if self.tier and self.tiers_tried:  # refused before any tier (budget): no tier header
             h["x-router-tier"] = self.tier
+        if self.deployment is not None:
+            h["x-router-deployment"] = self.deployment
         if self.selection is not None:
             h["x-router-policy"] = self.policy
             if self.selection.arm is not None:
@@ -141,6 +149,8 @@ class Call:
             record["usage_estimated"] = True
         if self.error_detail is not None:
             record["error_detail"] = self.error_detail
+        if self.deployment is not None:
+            record["deployment"] = self.deployment
         return record
 
 
@@ -151,13 +161,21 @@ def new_call(endpoint: str) -> Call:
 # --- entry point -------------------------------------------------------------------------------
 
 
-async def handle(state: RouterState, request: Request, endpoint: str) -> Response:
+# The steps of one endpoint, between identifying nothing yet and an answer: `_handle` (chat and
+# completions) unless the endpoint brings its own (router/embeddings.py).
+Steps = Callable[[RouterState, Request, Call], Awaitable[Response]]
+
+
+async def handle(state: RouterState, request: Request, endpoint: str,
+                 steps: Steps | None = None) -> Response:  # fmt: skip
     call = new_call(endpoint)
+    if state.telemetry is not None:  # with tracing off, this test is all a request pays
+        call.marks, call.trace_parent = {}, caller_trace(request.headers)
     # Every way out below ends in finish() (through _fail here, or the answer's own path), which
     # settles or releases a reservation: one held by a request that died would be renewed for as
     # long as the replica runs, and drain the team's budget.
     try:
-        return await _handle(state, request, call)
+        return await (steps or _handle)(state, request, call)
     except RouterError as err:
         return await _fail(state, call, err.status, err.code, error_response(err, call.headers()))
     except UpstreamClientError as exc:
@@ -195,7 +213,11 @@ async def _handle(state: RouterState, request: Request, call: Call) -> Response:
     body = parse_body(await read_body(request, state.config.server.max_body_bytes))
     validate_body(call.endpoint, body)
     call.stream = body.get("stream") is True
+    if call.marks is not None:
+        call.marks["route"] = time.perf_counter()
     await route(state, call, body, request)
+    if call.marks is not None:
+        call.marks["route_end"] = call.marks["budget"] = time.perf_counter()
     chain = tier_chain(state, call.tier or "")
     # What the upstream gets carries exactly the bound that is reserved, in the field(s) the
     # endpoint obeys.
@@ -205,8 +227,11 @@ async def _handle(state: RouterState, request: Request, call: Call) -> Response:
     admitted = await state.budgets.reserve(call.id, call.identity, body, chain, cheaper_tiers(
         state, call), endpoint=call.endpoint)
     call.reserved, call.reserved_nanos = True, admitted.reserved_nanos
+    if call.marks is not None:
+        call.marks["budget_end"] = time.perf_counter()
     chain = admitted.chain
     if admitted.downgraded:
+        state.metrics.downgrades.labels(call.tier or "", chain[0].name).inc()
         call.downgraded, call.tier = True, chain[0].name
         call.reason = f"{call.reason}; downgraded to {chain[0].name}: budget".lstrip("; ")
     # -----------------------------------------------------------------------------------------
@@ -299,6 +324,8 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
     )
     decision = policy.decide(ctx)
     call.tier, call.reason = decision.tier, decision.reason
+    if state.drift is not None:  # the live window and a calibrating policy's score count
+        state.drift.observe(call.policy, policy, call.score, decision.tier, state.spawn)
 
 
 def cheaper_tiers(state: RouterState, call: Call) -> list[TierConfig]:
@@ -345,6 +372,9 @@ class _Attempts:
         return None
 
     def failure(self, call: Call, tier: TierConfig, exc: UpstreamError) -> None:
+        if isinstance(exc, DeploymentsBusy):  # all its deployments are full: as a full limiter
+            self.saturated.append(tier.name)
+            return
         log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
         self.failed.append(exc)
 
@@ -370,6 +400,8 @@ async def call_tiers(
         if (limiter := await attempts.admit(state, call, tier)) is None:
             continue
         t0 = time.perf_counter()
+        if call.marks is not None:
+            call.marks.setdefault("upstream", t0)  # one span over every tier tried
         try:
             answer = await state.backends[tier.name].complete(
                 call.endpoint, upstream_body(body, tier, False)
@@ -379,8 +411,11 @@ async def call_tiers(
             continue
         finally:
             limiter.release()
+        if call.marks is not None:
+            call.marks["upstream_end"] = time.perf_counter()
         state.metrics.upstream_seconds.labels(tier.name, "false").observe(time.perf_counter() - t0)
         _note_fallback(state, call, tier)
+        call.deployment = answer.deployment
         return tier, answer
     raise attempts.error(call)
 
@@ -442,6 +477,8 @@ async def _open_stream(
         if (limiter := await attempts.admit(state, call, tier)) is None:
             continue
         t0 = time.perf_counter()
+        if call.marks is not None:
+            call.marks.setdefault("upstream", t0)
         try:
             upstream_req = upstream_body(body, tier, True)
         except BaseException:
@@ -465,6 +502,7 @@ async def _open_stream(
             seconds = time.perf_counter() - t0
             state.metrics.upstream_seconds.labels(tier.name, "true").observe(seconds)
             _note_fallback(state, call, tier)
+            call.deployment = getattr(upstream, "deployment", None)  # several deployments only
             want = bool((body.get("stream_options") or {}).get("include_usage"))
             meter = StreamMeter(request=body, want_usage=want)
         except BaseException:
@@ -511,6 +549,8 @@ async def _client_stream(
         raise
     finally:
         release()
+        if call.marks is not None:
+            call.marks["upstream_end"] = time.perf_counter()  # the stream's end
         if meter.error and call.error is None:
             call.status, call.error = 502, meter.error
         # The charge and the trace first: a cancellation landing in the await below must not
@@ -539,6 +579,8 @@ async def finish(state: RouterState, call: Call) -> None:
     """Settle the budget, count metrics, write the trace. Runs after the response is sent."""
     usage = call.usage
     # --- budget: settle ----------------------------------------------------------------------
+    if call.marks is not None:
+        call.marks["settle"] = time.perf_counter()
     if call.reserved:
         if usage is not None and call.cost_usd is not None:
             tokens = usage.prompt_tokens + usage.completion_tokens
@@ -546,9 +588,13 @@ async def finish(state: RouterState, call: Call) -> None:
             await state.budgets.settle(call.id, actual, tokens)
         else:
             await state.budgets.release(call.id)
+    if call.marks is not None:
+        call.marks["settle_end"] = time.perf_counter()
     # -----------------------------------------------------------------------------------------
     m = state.metrics
     m.requests.labels(call.tier or "", call.policy, str(call.status)).inc()
+    if call.identity is not None and call.tier:  # per team: its large share, by PromQL
+        m.team_requests.labels(call.identity.team, call.tier).inc()
     if call.error:
         m.errors.labels(call.error).inc()
     if usage is not None and usage.fault is not None:
@@ -570,8 +616,10 @@ async def finish(state: RouterState, call: Call) -> None:
     if state.traces is not None:
         signals = state.signals.trace_signals() if state.signals is not None else None
         state.traces.write(call.trace(signals))
-    if state.shadow is not None:
+    if state.shadow is not None and call.endpoint != "embeddings":  # vectors: nothing to judge
         state.shadow.offer(call)  # the answer is handed over; this queues or drops, never waits
+    if state.telemetry is not None:
+        state.telemetry.record(call, state.tiers.get(call.tier or ""))
 
 
 async def _fail(state: RouterState, call: Call, status: int, code: str, resp: Response) -> Response:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from backends.base import Backend, TierLoad
 from backends.config import TierConfig
+from backends.deployments import DeploymentSet, balanced_sets
 from backends.signal_poller import SignalsPoller
 from classifiers.config import DEFAULT_MODEL
 from classifiers.inference import DifficultyScorer, ModelLoadError
@@ -31,9 +32,11 @@ from policies.registry import build_policies
 from policies.selection import PolicySelector
 from router.budget_gate import BudgetGate
 from router.config import RouterConfig
+from router.drift_monitor import DriftMonitor
 from router.evaluation.shadow import ShadowService
 from router.feedback import FeedbackService
 from router.metrics import RouterMetrics
+from router.telemetry_config import CallTracer
 from router.trace_sink import TraceSink
 
 log = logging.getLogger(__name__)
@@ -200,12 +203,17 @@ class RouterState:
     signals: SignalsPoller | None = None
     feedback: FeedbackService | None = None  # /v1/feedback; None when traces are off
     shadow: ShadowService | None = None  # shadow comparisons; None when evaluation is off
+    drift: DriftMonitor | None = None  # live drift gauges and the calibrators' pushes
+    telemetry: CallTracer | None = None  # OpenTelemetry spans; None when telemetry is off
     tiers: dict[str, TierConfig] = field(default_factory=dict)
     # Settle-and-trace work that outlives its response; awaited on shutdown.
     pending: set[asyncio.Task[None]] = field(default_factory=set)
+    # Tiers that balance several deployments: their load comes from the deployments' probes.
+    balanced: dict[str, DeploymentSet] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.tiers = {t.name: t for t in self.config.tiers}
+        self.balanced = balanced_sets(self.backends)
 
     @property
     def scorer(self) -> Scorer:
@@ -217,7 +225,11 @@ class RouterState:
         return self.scorers.for_policy(policy)
 
     def load(self) -> Mapping[str, TierLoad]:
-        return self.signals.load() if self.signals is not None else {}
+        polled = self.signals.load() if self.signals is not None else {}
+        if not self.balanced:
+            return polled
+        own = {t: s.tier_load for t, s in self.balanced.items() if s.tier_load is not None}
+        return {**polled, **own} if own else polled
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -41,6 +41,10 @@ class Levers:
     # A measured decode speed-up (a lever trial's levers.json): used instead of the one the
     # acceptance rate and draft length imply. None = from spec_acceptance and spec_k.
     spec_speedup: float | None = None
+    # A measured quality change in points (a lever trial's levers.json), added to each small-tier
+    # outcome instead of the ratio quant_quality: a ratio of two small means (a weak local model
+    # that gets 2 of 18 right, then 0) would zero the simulated tier. None = quant_quality.
+    quant_quality_delta: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,11 @@ def run_scenario(
     quality = trace.quality[rows, s.tier_role].copy()
     cost = role_cost[rows, s.tier_role].copy()
     if s.quant:
-        quality[s.tier_role == SMALL] *= levers.quant_quality
+        on_small = s.tier_role == SMALL
+        if levers.quant_quality_delta is not None:
+            quality[on_small] = np.clip(quality[on_small] + levers.quant_quality_delta, 0.0, 1.0)
+        else:
+            quality[on_small] *= levers.quant_quality
         cost[s.tier_role == SMALL] *= levers.quant_cost
     completion = trace.completion_tokens[rows, s.tier_role]
     lat = simulate(arrivals, s.tier_role, trace.prompt_tokens, completion, [small, large])
@@ -147,11 +155,17 @@ def what_if(
     ]
 
 
+def _quant_quality(levers: Levers) -> str:
+    if levers.quant_quality_delta is not None:
+        return f"quality {levers.quant_quality_delta * 100:+.1f} points"
+    return f"quality x{levers.quant_quality:.3g}"
+
+
 def spec_summary(levers: Levers) -> str:
     if levers.spec_speedup is not None:
         return (
             f"spec decoding: measured decode speed-up {levers.spec_speedup:.3g}x; quantized "
-            f"small: {levers.quant_speed:.3g}x speed, quality x{levers.quant_quality:.3g}"
+            f"small: {levers.quant_speed:.3g}x speed, {_quant_quality(levers)}"
         )
     return (
         f"spec decoding: acceptance {levers.spec_acceptance:g}, k {levers.spec_k}, draft cost "

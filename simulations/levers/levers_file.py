@@ -3,8 +3,9 @@
 
 Written from the first candidate of each lever measured alone:
 - quantization (or distillation, the same lever in what-if: a faster, maybe worse small tier):
-  `speed` = the decode speed ratio (reference's median ITL / the candidate's), `quality` = the
-  candidate's mean judged outcome / the reference's (undefined when the reference scored 0),
+  `speed` = the decode speed ratio (reference's median ITL / the candidate's), `quality_delta` =
+  the candidate's mean judged outcome minus the reference's (what what-if applies, in points),
+  `quality` = their ratio (kept for reading; undefined when the reference scored 0),
   `cost` = the candidate's price on its own tokens / the reference's price on them;
 - speculative: `acceptance` from the server's counters (None when it exposes none: llama.cpp),
   `speedup` = the decode speed ratio, `identical_share` at temperature 0.
@@ -76,7 +77,8 @@ def write_levers(path: Path, rows: Sequence[Row], prompts: int) -> None:
     path.write_text(json.dumps(levers_document(rows, prompts), indent=2) + "\n", encoding="utf-8")
 
 
-def _get(doc: dict[str, Any], path: Path, section: str, key: str) -> float | None:
+def _get(doc: dict[str, Any], path: Path, section: str, key: str,
+         low: float = 0.0) -> float | None:  # fmt: skip
     part = doc.get(section)
     if part is None:
         return None
@@ -85,8 +87,9 @@ def _get(doc: dict[str, Any], path: Path, section: str, key: str) -> float | Non
     value = part.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise LeversFileError(f"{path}: {section}.{key}: expected a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
+        raise LeversFileError(f"{path}: {section}.{key}: expected a number >= {low:g}, got "
+                              f"{value!r}")  # fmt: skip
     return float(value)
 
 
@@ -123,7 +126,16 @@ def apply_levers(levers: Levers, path: Path) -> tuple[Levers, list[str]]:
         notes.append(f"{label} {value:.3g} [measured: {tier} vs {ref}, {path.name}]")
 
     take("quantization", "speed", "quant_speed", "quantized small speed x")
-    take("quantization", "quality", "quant_quality", "quantized small quality x")
+    delta = _get(doc, path, "quantization", "quality_delta", low=-1.0)
+    if delta is not None:
+        # Points, not the ratio: the trial's reference is usually another model than the
+        # simulated small tier, and a ratio of two small accuracies does not carry over.
+        out = replace(out, quant_quality_delta=delta)
+        tier = doc["quantization"].get("tier")
+        notes.append(f"quantized small quality {delta * 100:+.1f} points [measured: {tier} vs "
+                     f"{ref}, {path.name}; added to each small-tier outcome]")  # fmt: skip
+    else:
+        take("quantization", "quality", "quant_quality", "quantized small quality x")
     take("quantization", "cost", "quant_cost", "quantized small price x")
     take("speculative", "acceptance", "spec_acceptance", "spec acceptance")
     speedup = _get(doc, path, "speculative", "speedup")

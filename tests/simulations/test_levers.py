@@ -23,7 +23,7 @@ from simulations.levers.records import Measurement, TrialTier
 from simulations.levers.store import JudgeRow, TrialStore, TrialStoreError
 from simulations.levers.summary import Combination, quality, summarize
 from simulations.levers.trial import TrialSpec
-from simulations.trace import LARGE, ReplayTrace
+from simulations.trace import LARGE, SMALL, ReplayTrace
 from simulations.whatif import Levers, Scenario, run_scenario
 from tests.support.sim import GSM8K
 
@@ -162,7 +162,10 @@ def test_levers_json_feeds_what_if_and_names_what_is_assumed(tmp_path: Path) -> 
     base = Levers(small=TierLatency(0.1, 0.01, 4), large=TierLatency(0.4, 0.025, 4))
     levers, notes = apply_levers(base, path)
     assert levers.quant_speed == pytest.approx(2.0)
-    assert levers.quant_quality == pytest.approx(0.8)
+    # The measured change is applied in points (-0.2 here), not as the ratio of the two means.
+    assert levers.quant_quality_delta == pytest.approx(-0.2)
+    assert levers.quant_quality == base.quant_quality
+    assert any("quantized small quality -20.0 points [measured: cand vs ref" in n for n in notes)
     assert levers.quant_cost == pytest.approx(0.1)
     assert levers.spec_speedup == pytest.approx(0.8)
     assert levers.spec_acceptance == base.spec_acceptance  # llama.cpp exposes none
@@ -179,6 +182,10 @@ def test_levers_json_feeds_what_if_and_names_what_is_assumed(tmp_path: Path) -> 
                          cost)  # fmt: skip
     assert slow.latency.percentiles()["p50_s"] == pytest.approx(
         plain.latency.percentiles()["p50_s"] + 100 * 0.025 * (1 / 0.8 - 1))
+    # ... added to each small-tier outcome, clipped to [0, 1].
+    small = np.full(n, SMALL)
+    quant = run_scenario(Scenario("q", "alone", small, True, False), trace, arrivals, levers, cost)
+    assert quant.quality == pytest.approx(0.8)
     path.write_text(json.dumps({"schema": 2}))
     with pytest.raises(LeversFileError, match="not a levers.json of schema 1"):
         apply_levers(base, path)

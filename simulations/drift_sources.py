@@ -164,13 +164,16 @@ def _iter_parquet(source: str, tiers: Tiers, batch_rows: int) -> Iterator[DriftB
     filt = None
     if tiers.policy is not None and "policy" in names:
         filt = pads.field("policy") == tiers.policy
-    # Readahead kept small: memory stays a few batches, whatever the dataset's size.
-    scanner = ds.scanner(columns=columns, filter=filt, batch_size=batch_rows,
-                         batch_readahead=2, fragment_readahead=1)
+    # One fragment (file) at a time: a single scanner over the whole dataset decodes ahead of a
+    # slower consumer without bound (peak RSS grew from 420 MiB at 3 days to 970 MiB at 30 days
+    # of 1M requests), whatever its readahead settings; per fragment, the backlog is at most one.
     try:
-        for batch in scanner.to_batches():
-            if batch.num_rows:
-                yield _parquet_batch(batch, names, tiers)
+        for fragment in ds.get_fragments(filter=filt):
+            # The dataset's schema: partition fields (`date=`, `policy=` folders) are columns too.
+            for batch in fragment.to_batches(schema=ds.schema, columns=columns, filter=filt,
+                                             batch_size=batch_rows, batch_readahead=2):  # fmt: skip
+                if batch.num_rows:
+                    yield _parquet_batch(batch, names, tiers)
     except (OSError, pa.ArrowInvalid) as exc:
         raise DriftInputError(f"{source}: {exc}") from None
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -204,7 +203,10 @@ def test_killed_deployment_is_ejected_and_comes_back(tmp_path: Path) -> None:
     with (running_echo_upstream("--delay-ms", "5") as a, running_echo_upstream("--delay-ms", "5")
           as b, contextlib.ExitStack() as victim):  # fmt: skip
         c = victim.enter_context(running_echo_upstream("--delay-ms", "5", "--port", str(port)))
-        probe_s, cooldown_s = 0.2, 0.5
+        # A cool-down long enough that c cannot come back (half-open) while the 15 requests
+        # after the kill run on a loaded machine; how fast it is ejected is
+        # benchmarks/balancing.py's to measure, not a timed assertion's.
+        probe_s, cooldown_s = 0.2, 3.0
         deployments = [{"name": "a", "base_url": a}, {"name": "b", "base_url": b},
                        {"name": "c", "base_url": c}]  # fmt: skip
         config = make_config([deployments_tier(
@@ -215,9 +217,8 @@ def test_killed_deployment_is_ejected_and_comes_back(tmp_path: Path) -> None:
             status = backend.deployments.status  # type: ignore[attr-defined]
             wait_for(lambda: load.served["c"] >= 5, 20, "c to serve some requests")
             victim.close()  # its process stops
-            killed = time.monotonic()
+            # Ejected by the next request that reaches it (refused connection) or the next probe.
             wait_for(lambda: not status()["c"]["available"], 5, "c to be ejected")
-            detected_s = time.monotonic() - killed
             metrics = httpx.get(proxy.url + "/metrics").text
             assert 'cost_router_deployment_available{deployment="c",tier="large"} 0.0' in metrics
             assert 'cost_router_deployment_available{deployment="a",tier="large"} 1.0' in metrics
@@ -229,8 +230,6 @@ def test_killed_deployment_is_ejected_and_comes_back(tmp_path: Path) -> None:
                 wait_for(lambda: status()["c"]["available"], 10, "c back after cool-down + probe")
                 wait_for(lambda: load.served["c"] > served_c, 10, "c serving again")
         assert load.errors == []
-    # Detected by the next request that reached it (refused connection) or by the next probe.
-    assert detected_s < probe_s + 1.0
 
 
 def test_two_llama_servers_one_killed_mid_test(tmp_path: Path) -> None:

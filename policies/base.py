@@ -104,3 +104,23 @@ class Tunable(Policy, Protocol):
     def with_threshold(self, threshold: float) -> Tunable:
         """The same policy at another threshold (every other setting kept)."""
         ...
+
+
+class TunableWrapper:
+    """What a wrapper of a Tunable (load shedding, calibration) passes through unchanged: its
+    name, tiers and tier names. Subclasses say where the threshold comes from."""
+
+    def __init__(self, inner: Tunable) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    @property
+    def small(self) -> str:
+        return self.inner.small
+
+    @property
+    def large(self) -> str:
+        return self.inner.large
+
+    def tiers(self) -> list[str]:
+        return self.inner.tiers()

@@ -48,7 +48,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from classifiers.config import DEFAULT_MODEL
 from classifiers.score_reference import DEFAULT_BINS, quantile_from_counts
-from policies.base import NO_CONTEXT, BatchContext, Decision, RoutingContext, Tunable
+from policies.base import (
+    NO_CONTEXT,
+    BatchContext,
+    Decision,
+    RoutingContext,
+    Tunable,
+    TunableWrapper,
+)
 
 log = logging.getLogger("cost_router.policies.calibration")
 
@@ -359,24 +366,15 @@ class Calibrator:
             self._syncing = False
 
 
-class CalibratingPolicy:
+class CalibratingPolicy(TunableWrapper):
     """A Tunable policy whose threshold is the calibrator's: the inner policy (threshold, with
     or without load shedding) at the shared threshold in force."""
 
     def __init__(self, inner: Tunable, calibrator: Calibrator) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.calibrator = calibrator
         self._at = inner
         self.replay: ReplayCursor | None = None  # offline replay's state (replay_decisions)
-
-    @property
-    def small(self) -> str:
-        return self.inner.small
-
-    @property
-    def large(self) -> str:
-        return self.inner.large
 
     @property
     def threshold(self) -> float:
@@ -385,9 +383,6 @@ class CalibratingPolicy:
     @property
     def target(self) -> float:
         return self.calibrator.settings.target
-
-    def tiers(self) -> list[str]:
-        return self.inner.tiers()
 
     def with_threshold(self, threshold: float) -> CalibratingPolicy:
         """The same calibrating policy starting from `threshold` (a calibrator of its own that

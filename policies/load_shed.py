@@ -15,7 +15,14 @@ import math
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.base import NO_CONTEXT, BatchContext, Decision, RoutingContext, Tunable
+from policies.base import (
+    NO_CONTEXT,
+    BatchContext,
+    Decision,
+    RoutingContext,
+    Tunable,
+    TunableWrapper,
+)
 
 
 class LoadShedParams(BaseModel):
@@ -26,7 +33,7 @@ class LoadShedParams(BaseModel):
     margin: float = Field(gt=0, le=1, description="scores in [threshold, threshold+margin) shed")
 
 
-class LoadShedPolicy:
+class LoadShedPolicy(TunableWrapper):
     """A threshold policy whose borderline large-tier requests move to the small tier under load.
 
     Tunable through its inner policy: small, large and threshold are the inner policy's, and
@@ -34,18 +41,9 @@ class LoadShedPolicy:
     """
 
     def __init__(self, inner: Tunable, max_waiting: float, margin: float) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.max_waiting = float(max_waiting)
         self.margin = float(margin)
-
-    @property
-    def small(self) -> str:
-        return self.inner.small
-
-    @property
-    def large(self) -> str:
-        return self.inner.large
 
     @property
     def threshold(self) -> float:
@@ -53,9 +51,6 @@ class LoadShedPolicy:
 
     def with_threshold(self, threshold: float) -> LoadShedPolicy:
         return LoadShedPolicy(self.inner.with_threshold(threshold), self.max_waiting, self.margin)
-
-    def tiers(self) -> list[str]:
-        return self.inner.tiers()
 
     def _large_waiting(self, ctx: RoutingContext) -> float | None:
         load = ctx.load.get(self.large)

@@ -1,7 +1,7 @@
 """Leave-one-source-out APGR per training recipe (classifiers/loso.py): which default travels.
 
     .venv/bin/python benchmarks/loso.py [--traces DIR ...] [--max-train-rows N] [--rounds 200]
-        [--json out.json]
+        [--jobs 2] [--json out.json]
 
 Holds out, in turn: GSM8K (trained on MMLU), MMLU (trained on GSM8K), half the MMLU subjects
 (trained on the other half) both ways, and each trace folder given (its labelled requests:
@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200, help="bootstrap resamples")
     parser.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="worker processes (fits at once; the figures do not depend on it)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     data = routellm_data_dir()
@@ -52,7 +54,7 @@ def main() -> None:
         print(f"[{time.monotonic() - started:6.0f} s] {message}", file=sys.stderr, flush=True)
 
     report = loso_report(ds, TrainConfig(seed=args.seed), recipes, args.rounds,
-                         args.max_train_rows, progress)  # fmt: skip
+                         args.max_train_rows, progress, args.jobs)  # fmt: skip
     print(f"{len(ds)} labelled rows from {len(set(ds.source.tolist()))} sources")
     for name in report.train_rows:
         print(f"  {name}: trained on {report.train_rows[name]}, held out "

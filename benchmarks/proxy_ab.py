@@ -11,6 +11,12 @@ and p99 over calling the upstream directly (TTFB when streaming).
 Tracing on vs off, one tree: `--base . --trace this` runs this tree's proxy with
 `telemetry.enabled` (every request sampled, spans exported over OTLP/HTTP to a local do-nothing
 collector, benchmarks/otlp_sink.py) next to the same code with tracing off.
+
+Shadow sampling on vs off, one tree: `--base . --shadow 0.1` runs this tree's proxy with
+`evaluation.enabled` at sample rate 0.1 (each sampled request is sent again to the other tier,
+the same echo upstream, after the answer; records written, the `reference` judge) next to the same
+code with shadow comparisons off. The upstream serves both proxies' traffic, so the shadow
+calls load it for both alike, as they would a real one.
 """
 
 from __future__ import annotations
@@ -30,15 +36,15 @@ import yaml  # noqa: E402
 
 
 def start(stack: contextlib.ExitStack, tree: Path, echo_url: str, tmp: Path,
-          telemetry: dict[str, object] | None = None) -> tuple[str, int]:  # fmt: skip
+          sections: dict[str, dict[str, object]] | None = None) -> tuple[str, int]:  # fmt: skip
     """A proxy serving `tree`'s code (run from its directory, so its packages are the ones
-    imported) in front of the echo upstream; `telemetry`: its `telemetry:` section."""
+    imported) in front of the echo upstream; `sections`: config sections set on top."""
     port = po.free_port()
     tmp.mkdir()
     router_yaml, _, _ = po.write_configs(tmp, echo_url, port)
-    if telemetry is not None:
+    if sections:
         config = yaml.safe_load(router_yaml.read_text())
-        router_yaml.write_text(yaml.safe_dump({**config, "telemetry": telemetry}))
+        router_yaml.write_text(yaml.safe_dump({**config, **sections}))
     po.ROOT = tree
     proc = stack.enter_context(po.process(
         [po.PY, "-m", "router.cli", "serve", "--config", str(router_yaml)],
@@ -81,6 +87,9 @@ def main() -> None:
     ap.add_argument("--trace", choices=["none", "this", "both"], default="none",
                     help="proxies run with OpenTelemetry tracing on (sample ratio 1, OTLP/HTTP "
                     "to a local sink); `--base . --trace this`: tracing off vs on")
+    ap.add_argument("--shadow", type=float, default=None, metavar="RATE",
+                    help="this tree's proxy samples RATE of requests for shadow comparisons "
+                    "(`--base . --shadow 0.1`: shadow sampling off vs 10%%)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="proxy-ab-"))
     echo_port = po.free_port()
@@ -90,7 +99,7 @@ def main() -> None:
             [po.PY, "-m", "benchmarks.echo_upstream", "--port", str(echo_port)],
             f"{echo_url}/models", tmp / "echo.log"))  # fmt: skip
         trees = {"base": a.base.resolve(), "this": po.ROOT}
-        traced: dict[str, dict[str, object]] = {}
+        extra: dict[str, dict[str, dict[str, object]]] = {n: {} for n in trees}
         if a.trace != "none":
             sink_port = po.free_port()
             stack.enter_context(po.process(
@@ -98,8 +107,14 @@ def main() -> None:
                 f"http://127.0.0.1:{sink_port}/healthz", tmp / "otlp.log"))  # fmt: skip
             section = {"enabled": True, "sample_ratio": 1.0,
                        "endpoint": f"http://127.0.0.1:{sink_port}/v1/traces"}  # fmt: skip
-            traced = {n: section for n in (["this"] if a.trace == "this" else trees)}
-        targets = {n: start(stack, t, echo_url, tmp / n, traced.get(n))
+            for n in ["this"] if a.trace == "this" else trees:
+                extra[n]["telemetry"] = section
+        if a.shadow is not None:
+            extra["this"]["evaluation"] = {
+                "enabled": True, "sample_rate": a.shadow, "queue_size": 1024, "workers": 4,
+                "daily_cap_usd": 1e6,
+            }  # fmt: skip
+        targets = {n: start(stack, t, echo_url, tmp / n, extra[n])
                    for n, t in trees.items()}  # fmt: skip
         urls = {"direct": f"{echo_url}/chat/completions", **{n: u for n, (u, _) in targets.items()}}
         for r in range(a.rounds):
@@ -109,7 +124,13 @@ def main() -> None:
                 print(f"round {r} {mode:10s} open {a.rate:.0f}/s: "
                       f"{open_round(urls, stream, a.rate, a.seconds)} "
                       f"(load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
-        if traced:  # the spans really left: batches the collector received
+        if a.shadow is not None:  # the comparisons really ran
+            metrics = httpx.get(targets["this"][0].replace("/v1/chat/completions", "/metrics"),
+                                timeout=5).text  # fmt: skip
+            print("shadow: " + ", ".join(line for line in metrics.splitlines()
+                                         if line.startswith("cost_router_shadow_")
+                                         and "_total" in line))  # fmt: skip
+        if a.trace != "none":  # the spans really left: batches the collector received
             stats = httpx.get(f"http://127.0.0.1:{sink_port}/stats", timeout=5).json()
             print(f"OTLP sink: {stats['exports']} exports, {stats['bytes']} bytes")
 

@@ -11,7 +11,9 @@ it out lowers the mean held-out APGR. Offline only (scikit-learn, through classi
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -159,10 +161,13 @@ def loso_report(
     rounds: int = 200,
     max_train_rows: int | None = None,
     progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> LosoReport:
     """Fit each recipe on each holdout's training rows (at most `max_train_rows`, a seeded
     sample) and score its held-out rows: APGR and AUC with 95% bootstrap intervals, and the
-    paired APGR difference from the first recipe (normally "shipped") on the same rows."""
+    paired APGR difference from the first recipe (normally "shipped") on the same rows. With
+    `jobs` > 1 the fits run in that many forked worker processes (each fit is independent and
+    single-threaded; the results do not depend on `jobs`)."""
     splits = holdouts(ds, base.seed)
     if not splits:
         raise ValueError("leave-one-source-out needs 2+ benchmarks, or one of 4+ sources "
@@ -170,29 +175,66 @@ def loso_report(
     rng = np.random.default_rng(base.seed)
     data = frame(ds.prompts)  # once: every fit takes its rows from it
     labels = gain_class(ds.small, ds.large, base.margin)
-    results: list[Result] = []
-    train_rows, test_rows = {}, {}
+    train_rows, test_rows, fits = {}, {}, []
     for split in splits:
         train = split.train
         if max_train_rows is not None and len(train) > max_train_rows:
             train = np.sort(rng.choice(train, max_train_rows, replace=False))
         train_rows[split.name], test_rows[split.name] = len(train), len(split.test)
-        small, large = ds.small[split.test], ds.large[split.test]
-        first: np.ndarray | None = None
         for name, without in recipes.items():
-            if progress:
-                progress(f"{name}: {split.name}")
-            config = recipe_config(base, without)
-            pipeline = fit_frame(data.iloc[train], labels[train], config, ds.source[train])
-            scores = predict_scores(pipeline, data.iloc[split.test])
-            delta = None
-            if first is None:
-                first = scores
-            else:
-                delta = paired_bootstrap(METRICS["APGR"], first, scores, small, large,
-                                         rounds, base.seed)  # fmt: skip
-            results.append(Result(
-                name, split.name,
-                bootstrap(METRICS["APGR"], scores, small, large, rounds, base.seed),
-                bootstrap(METRICS["AUC"], scores, small, large, rounds, base.seed), delta))
+            fits.append(_Fit(name, split.name, recipe_config(base, without), train, split.test))
+    global _SHARED
+    _SHARED = (data, labels, ds.source)
+    try:
+        if jobs > 1:
+            context = multiprocessing.get_context("fork")  # workers share `_SHARED` unpickled
+            with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+                futures = [pool.submit(_run_fit, fit) for fit in fits]
+                scored = []
+                for fit, future in zip(fits, futures, strict=True):
+                    scored.append(future.result())
+                    if progress:
+                        progress(f"{fit.recipe}: {fit.holdout} (done)")
+        else:
+            scored = []
+            for fit in fits:
+                if progress:
+                    progress(f"{fit.recipe}: {fit.holdout}")
+                scored.append(_run_fit(fit))
+    finally:
+        _SHARED = None
+    results: list[Result] = []
+    first: dict[str, np.ndarray] = {}
+    for fit, scores in zip(fits, scored, strict=True):
+        small, large = ds.small[fit.test], ds.large[fit.test]
+        delta = None
+        if fit.holdout not in first:
+            first[fit.holdout] = scores
+        else:
+            delta = paired_bootstrap(METRICS["APGR"], first[fit.holdout], scores, small, large,
+                                     rounds, base.seed)  # fmt: skip
+        results.append(Result(
+            fit.recipe, fit.holdout,
+            bootstrap(METRICS["APGR"], scores, small, large, rounds, base.seed),
+            bootstrap(METRICS["AUC"], scores, small, large, rounds, base.seed), delta))
     return LosoReport(results, train_rows, test_rows)
+
+
+@dataclass(frozen=True)
+class _Fit:
+    recipe: str
+    holdout: str
+    config: TrainConfig
+    train: np.ndarray
+    test: np.ndarray
+
+
+# (model inputs, labels, sources) of the dataset being reported on, set before workers fork.
+_SHARED: tuple[Any, np.ndarray, np.ndarray] | None = None
+
+
+def _run_fit(fit: _Fit) -> np.ndarray:
+    assert _SHARED is not None
+    data, labels, sources = _SHARED
+    pipeline = fit_frame(data.iloc[fit.train], labels[fit.train], fit.config, sources[fit.train])
+    return predict_scores(pipeline, data.iloc[fit.test])

@@ -10,7 +10,10 @@ writes, beside each other,
   `simulate` can tell in-sample data by content;
 - `new.oof.jsonl`: one line per labelled request of `own`, {"request_id", "score" (the new model,
   out of fold), "fold", "current_score"}, so `tune --scores new.oof.jsonl` picks a threshold out
-  of sample and a promotion gate can re-run `compare_models` without refitting.
+  of sample and a promotion gate can re-run `compare_models` without refitting;
+- `new.scores.json`: the reference score distribution of those out-of-fold scores
+  (classifiers/score_reference.py), which the live drift gauges compare with once the model is
+  promoted (scores of prompts the model did not fit, as live traffic will be).
 
 `own` is the data the figures are about (a trace folder's labelled requests, or any data given to
 `train`); `base` (optional, the shipped training data) is added to every fit and never scored,
@@ -39,6 +42,7 @@ from classifiers.provenance import (
     prompts_path,
     write_prompts,
 )
+from classifiers.score_reference import ScoreReference, reference_path_for
 from classifiers.train import OutOfFold, TrainConfig, fit, out_of_fold
 
 # Below this many labelled requests the report warns that its figures are uncertain, and so does
@@ -159,6 +163,8 @@ def train_model(
     if oof is not None and oof_file is not None:
         ids = [dataset.ids[i] for i in oof.rows]
         write_oof(oof_file, ids, oof.scores.tolist(), oof.folds.tolist(), current.tolist())
+        ScoreReference.from_scores(oof.scores, source=oof_file.name, model=out.name).save(
+            reference_path_for(out))
     return TrainReport(out, meta, n_own, base_rows, oof, oof_file, comparison, warnings)
 
 

@@ -115,6 +115,7 @@ class Call:
         record: dict[str, Any] = {
             "id": self.id,
             "time": self.time,
+            "endpoint": self.endpoint,
             "team": ident.team if ident else None,
             "key_id": ident.key_id if ident else None,
             "user": ident.user if ident else None,

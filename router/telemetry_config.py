@@ -4,6 +4,7 @@ with tracing off, never imports OpenTelemetry (the optional `otel` extra)."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
@@ -35,6 +36,25 @@ class TelemetryConfig(StrictModel):
     )
     headers: dict[str, str] = Field(
         default_factory=dict, description="extra headers to the collector (e.g. an API key)")
+
+
+EXPORTERS = {"http/protobuf": "opentelemetry.exporter.otlp.proto.http",
+             "grpc": "opentelemetry.exporter.otlp.proto.grpc"}
+
+
+def missing_packages(config: TelemetryConfig) -> str | None:
+    """What tracing as configured needs and is not installed (None: nothing), found without
+    importing OpenTelemetry, so `config check` can say it before a proxy starts."""
+    if not config.enabled:
+        return None
+    for module in ("opentelemetry.sdk", EXPORTERS[config.protocol]):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            return module
+    return None
 
 
 class CallTracer(Protocol):

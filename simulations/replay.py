@@ -182,11 +182,17 @@ def policy_scores(
     A/B arm with a candidate model) is scored by that model, as the proxy scores its requests;
     `scores` are the global model's. Scores the trace itself carries (recorded in it, or read
     from a scores file: `scores is trace.scores`) were chosen by the user and are kept."""
-    config = sim.policies.get(policy_name or sim.default_policy)
-    own = config.model_path if config is not None else None
-    if own is None or own == sim.model_path or scores is trace.scores:
+    own = policy_model_path(sim, policy_name)
+    if own == sim.model_path or scores is trace.scores:
         return scores
     return score_texts(trace.texts, own)
+
+
+def policy_model_path(sim: SimConfig, policy_name: str | None = None) -> str | None:
+    """The model the named policy routes by: its own `model_path`, else the global one."""
+    config = sim.policies.get(policy_name or sim.default_policy)
+    own = config.model_path if config is not None else None
+    return sim.model_path if own is None else own
 
 
 def replay(

@@ -9,7 +9,7 @@ import numpy as np
 
 from classifiers.evaluate import apgr, cpt
 from simulations import reports
-from simulations.replay import sweep_inputs, trace_scores, two_tier_policy
+from simulations.replay import policy_model_path, sweep_inputs, trace_scores, two_tier_policy
 from simulations.sim_config import SimConfig, describe_prices
 from simulations.sweep import default_thresholds
 from simulations.trace import ReplayTrace
@@ -73,7 +73,8 @@ def run_tune(
     if chart is not None:
         reports.check_chart_path(chart)  # before the work, not after it
     policy = two_tier_policy(sim, policy_name)
-    scores = trace_scores(trace, sim.model_path, recorded_scores)
+    # A policy with its own model (a canary) is tuned on that model's scores, as it routes.
+    scores = trace_scores(trace, policy_model_path(sim, policy.name), recorded_scores)
     inputs = sweep_inputs(sim.prices, trace, scores, policy)
     tgt = Target(target[0], float(target[1]))  # type: ignore[arg-type]
     result = tune(inputs, tgt, default_thresholds(grid), resamples, seed)

@@ -19,6 +19,8 @@ Version 1 fields (all optional except ``schema_version``, ``id`` and ``time`` un
   dataset the request came from; evaluation reports quality per source)
 - live backend signals: ``backend_signals`` = {tier: {metric: value}}
 - ``deployment``: which of the answering tier's deployments served it (tiers that list several)
+- ``endpoint``: the API path under /v1 that was called (``chat/completions``, ``completions``,
+  ``embeddings``); records without it are from before it was written (chat or completions)
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class TraceRecord(BaseModel):
     # True when the token counts are the router's own (the upstream reported none, or usage the
     # router could not use); absent when they are the upstream's.
     usage_estimated: bool | None = None
+    endpoint: str | None = None
     latency_ms: float | None = Field(default=None, ge=0)
     ttft_ms: float | None = Field(default=None, ge=0)
     status: int | None = None

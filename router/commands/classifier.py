@@ -112,6 +112,7 @@ def train_cmd(
     metadata, and compare with the current model out of fold (paired bootstrap)."""
     # scikit-learn, pandas and onnx load for training only (see the module docstring).
     from classifiers.retrain import TrainOptions, train_model
+    from classifiers.score_reference import reference_path_for
     from classifiers.train import TrainConfig
     from router.commands.progress import phases
 
@@ -167,7 +168,7 @@ def train_cmd(
         typer.echo(warning, err=True)
     written = [str(out.with_suffix(".json")), str(out.with_suffix(".prompts"))]
     if report.oof_file is not None:
-        written.append(str(report.oof_file))
+        written += [str(report.oof_file), str(reference_path_for(out))]
     typer.echo(f"wrote {out} ({report.metadata['onnx_bytes']} bytes), {', '.join(written)}")
     if report_kind == "loso":
         _loso(own if base is None else concat(own, base), options.config, rounds, max_train_rows,

@@ -40,6 +40,7 @@ import typer
 
 from classifiers.config import DEFAULT_MODEL
 from classifiers.oof import oof_path, read_scores
+from classifiers.score_reference import REFERENCE_SUFFIX
 from policies.config import ConfigError
 from router.commands.common import fail, load_config_or_exit
 from router.commands.config_edit import edit_config, write_atomically
@@ -73,9 +74,10 @@ def sha256(path: Path) -> str:
 
 
 def _copy_model(src: Path, dst: Path) -> None:
-    """The model and its sidecars (card, training prompts) to `dst`, each replaced atomically."""
-    for suffix in (".onnx", ".json", ".prompts"):
-        s, d = src.with_suffix(suffix), dst.with_suffix(suffix)
+    """The model and its sidecars (card, training prompts, drift reference) to `dst`, each
+    replaced atomically."""
+    for suffix in (".onnx", ".json", ".prompts", REFERENCE_SUFFIX):
+        s, d = src.with_name(src.stem + suffix), dst.with_name(dst.stem + suffix)
         if not s.is_file():
             d.unlink(missing_ok=True)  # a sidecar left by an earlier copy is not this model's
         else:

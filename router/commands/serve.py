@@ -8,6 +8,7 @@ import typer
 
 from router.commands.common import fail, load_config_or_exit
 from router.ports import listen_problem
+from router.telemetry_config import missing_packages
 
 config_app = typer.Typer(no_args_is_help=True)
 
@@ -16,6 +17,11 @@ config_app = typer.Typer(no_args_is_help=True)
 def config_check(path: Path) -> None:
     """Validate a config file; on error, name the offending key and exit 2."""
     cfg = load_config_or_exit(path)
+    if missing := missing_packages(cfg.telemetry):
+        extra = "'cost-router[otel]'" + (" opentelemetry-exporter-otlp-proto-grpc"
+                                         if cfg.telemetry.protocol == "grpc" else "")
+        raise fail(f"{path}: telemetry.enabled: tracing needs {missing}, which is not "
+                   f"installed: pip install {extra}")  # fmt: skip
     typer.echo(f"{path}: OK ({len(cfg.tiers)} tiers, {len(cfg.policies)} policies)")
 
 

@@ -77,6 +77,16 @@ def test_report_compares_recipes_on_the_same_rows(dataset: RoutingDataset) -> No
     assert doc["chosen"] == chosen and set(doc["mean_apgr"]) == set(recipes)
 
 
+def test_worker_processes_give_the_same_report(dataset: RoutingDataset) -> None:
+    base = TrainConfig(char_sides=(), prior_weight=0.0)
+    recipes = {"shipped": (), "no_open_weight": ("open_weight",)}
+    alone = loso_report(dataset, base, recipes, rounds=20)
+    done: list[str] = []
+    forked = loso_report(dataset, base, recipes, rounds=20, progress=done.append, jobs=2)
+    assert json.dumps(forked.as_dict()["results"]) == json.dumps(alone.as_dict()["results"])
+    assert len(done) == len(alone.results) and all(m.endswith("(done)") for m in done)
+
+
 def _result(recipe: str, value: float) -> Result:
     return Result(recipe, "h", Estimate(value, value, value, 10), Estimate(0.5, 0.5, 0.5, 10), None)
 

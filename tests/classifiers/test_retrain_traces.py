@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from classifiers.compare import compare_models
 from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.oof import read_scores
+from classifiers.score_reference import ScoreReference, bin_counts, reference_path_for
 from router.cli import app
 from router.config import config_from_dict
 from router.evaluation.judges.feedback import append_feedback_labels
@@ -121,6 +122,11 @@ def test_train_tune_simulate_on_the_trace_folder(trace_dir: Path, tmp_path: Path
     assert len(scores) == LABELLED
     lines = [json.loads(line) for line in oof.read_text().splitlines()]
     assert {"request_id", "score", "fold", "current_score"} <= set(lines[0])
+    # The drift reference beside the model: the distribution of those out-of-fold scores.
+    reference = ScoreReference.load(reference_path_for(out))
+    assert reference.n == LABELLED and reference.model == "new.onnx"
+    assert reference.counts.tolist() == bin_counts(np.array(list(scores.values()))).tolist()
+    assert str(reference_path_for(out)) in result.stdout
     # The recorded comparison is the one compare_models gives on the file's own columns.
     ds = load_dataset(trace_dir, labelled_only=True)
     by_id = {line["request_id"]: line for line in lines}

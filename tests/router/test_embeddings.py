@@ -56,6 +56,7 @@ def test_embeddings_pass_through_charged_by_input_tokens(proxy: ProxyThread) -> 
     assert (record["tier"], record["model"], record["reason"]) == ("embed", "echo",
                                                                     "embeddings.tier")
     assert record["requested_model"] == "text-embedding-3-small" and record["policy"] is None
+    assert record["endpoint"] == "embeddings"
     assert (record["prompt_tokens"], record["completion_tokens"]) == (5, 0)
     budget = httpx.get(f"{proxy.url}/v1/budget", timeout=10,
                        headers={"Authorization": f"Bearer {KEYS['rich']}"}).json()

@@ -25,6 +25,7 @@ from benchmarks.echo_upstream import running_echo_upstream
 from classifiers.config import DEFAULT_MODEL
 from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.inference import DifficultyScorer
+from classifiers.score_reference import reference_path_for
 from router.cli import app
 from router.commands.promote import history_path, prev_path, sha256
 from router.config import load_config
@@ -46,6 +47,7 @@ def _model(folder: Path, name: str, inverted: bool = False) -> Path:
     if inverted:
         card["class_values"] = card["class_values"][::-1]  # score -> 1 - score
     out.with_suffix(".json").write_text(json.dumps(card))
+    shutil.copyfile(reference_path_for(DEFAULT_MODEL), reference_path_for(out))
     return out
 
 
@@ -130,6 +132,8 @@ def test_promote_swaps_a_better_model_in_and_rollback_restores(
     assert float(np.mean(_scores(good, labelled) >= threshold)) == pytest.approx(share, abs=0.01)
     saved = prev_path(good.resolve())
     assert saved.is_file() and sha256(saved) == sha256(bad)
+    # The previous model's drift reference travels with its copy.
+    assert reference_path_for(saved).read_bytes() == reference_path_for(bad).read_bytes()
     history = json.loads(history_path(config).read_text())["promotions"]
     assert len(history) == 1 and history[0]["gate"]["promote"] and not history[0]["gate"]["forced"]
 

@@ -14,6 +14,7 @@ import numpy as np
 from classifiers.config import DEFAULT_MODEL
 from simulations.replay import replay, trace_scores
 from simulations.trace_loader import load_trace, with_scores
+from simulations.tune_report import run_tune
 from tests.support.sim import balanced, sim_config, write_jsonl_trace
 
 
@@ -47,3 +48,18 @@ def test_a_policy_with_its_own_model_is_scored_by_it(tmp_path: Path) -> None:
     scored = with_scores(trace, given)
     kept = replay(sim, scored, trace_scores(scored, sim.model_path, use_recorded=True), "canary")
     assert (kept.scores == 0.9).all()
+
+
+def test_tune_sweeps_a_policy_with_its_own_model_on_that_models_scores(tmp_path: Path) -> None:
+    write_jsonl_trace(tmp_path / "t.jsonl", 60)
+    trace = load_trace([tmp_path / "t.jsonl"])
+    canary = {**balanced(0.5), "model_path": str(inverted_model(tmp_path))}
+    sim = sim_config(0.5, policies={"canary": canary})
+    scores = trace_scores(trace, sim.model_path)
+    runs = {name: run_tune(sim, trace, ("quality", 0.9), name, 21, 20, 0, False, None, None)[1]
+            for name in ("balanced", "canary")}  # fmt: skip
+    for name, routed_by in (("balanced", scores), ("canary", 1 - scores)):
+        sweep = runs[name].sweep
+        expected = [(routed_by >= t - 1e-6).mean() for t in sweep.thresholds]
+        np.testing.assert_allclose(sweep.large_share, expected, atol=1.5 / len(scores))
+    assert not np.allclose(runs["balanced"].sweep.large_share, runs["canary"].sweep.large_share)

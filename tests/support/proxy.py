@@ -124,10 +124,13 @@ def gguf_path() -> str:
 
 
 @contextlib.contextmanager
-def llama_server(alias: str, log_dir: Path, speculative: bool = False) -> Iterator[tuple[str, Any]]:
-    """A real llama.cpp OpenAI-compatible server (one thread); yields (base_url, process)."""
+def llama_server(alias: str, log_dir: Path, speculative: bool = False,
+                 model: Path | None = None) -> Iterator[tuple[str, Any]]:  # fmt: skip
+    """A real llama.cpp OpenAI-compatible server (one thread) of `model` (default: the shipped
+    SmolLM2 GGUF); yields (base_url, process)."""
     port = free_port()
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", gguf_path(), "--model_alias",
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model or gguf_path()),
+            "--model_alias",
             alias, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024",
             "--n_threads", "1"]  # fmt: skip
     if speculative:

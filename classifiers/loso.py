@@ -5,8 +5,9 @@ subjects by name). The shipped model meets traffic of other kinds, so its recipe
 held-out sources: each benchmark held out in turn (train on MMLU, test on GSM8K, and the
 reverse), and within a benchmark made of several sources (the MMLU subjects; a trace folder's
 files), half the sources trained on and the other half held out, both ways. Each recipe is the
-shipped `TrainConfig` with some parts taken out (`RECIPES`); `choose` keeps a part only if taking
-it out lowers the mean held-out APGR. Offline only (scikit-learn, through classifiers.train).
+shipped `TrainConfig` with some parts taken out (`RECIPES`); `choose` drops a part only when
+held-out sources show it lowers APGR (leaving it out raises the mean, the paired interval above
+0): the parts were chosen by in-distribution CV, and held-out sources veto what does not travel. Offline only (scikit-learn, through classifiers.train).
 """
 
 from __future__ import annotations
@@ -103,10 +104,31 @@ class LosoReport:
         return {k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
                 for k, v in by.items()}  # fmt: skip
 
+    def removal_effect(self, recipe: str) -> Estimate | None:
+        """What leaving a recipe's parts out does to held-out APGR: the mean over holdouts of
+        its paired difference from the first recipe, with a 95% interval that combines the
+        holdouts' paired intervals (normal approximation: each interval's half-width / 1.96 is
+        its standard error). Holdouts on which the two cannot differ (a paired interval of
+        exactly [0, 0]: both score every held-out prompt alike) say nothing and are left out;
+        None when no holdout is left."""
+        deltas = [r.delta for r in self.results if r.recipe == recipe and r.delta is not None
+                  and np.isfinite(r.delta.value) and (r.delta.low, r.delta.high) != (0.0, 0.0)]
+        if not deltas:
+            return None
+        mean = float(np.mean([d.value for d in deltas]))
+        se = float(np.sqrt(sum(((d.high - d.low) / (2 * 1.96)) ** 2 for d in deltas))
+                   / len(deltas))  # fmt: skip
+        return Estimate(mean, mean - 1.96 * se, mean + 1.96 * se, sum(d.n for d in deltas))
+
     def choose(self) -> tuple[str, list[str]]:
-        """(the chosen recipe, why): the shipped recipe less every part whose removal alone does
-        not lower the mean held-out APGR; when that combination was measured, it must not be
-        below the shipped one either, else the best single measured recipe is chosen."""
+        """(the chosen recipe, why). The shipped recipe's parts each earned their place in
+        in-distribution cross-validation; held-out sources are the check that a part travels.
+        A part is dropped only when leaving it out raises the mean held-out APGR, the combined
+        paired interval above 0 (a part shown to lower it); a part not shown to (the interval
+        spans 0, or no holdout tells the two apart) is kept. The chosen recipe is the measured
+        one that leaves out exactly the dropped parts; when that combination was not measured,
+        the best measured recipe among the shipped one and those leaving out a dropped part.
+        Without a shipped recipe in the report: the best mean held-out APGR."""
         means = self.mean_apgr()
         base = means.get("shipped")
         if base is None:
@@ -114,16 +136,23 @@ class LosoReport:
             return best, [f"chosen: {best} (the best mean held-out APGR, {means[best]:.3f})"]
         why, drop = [], set()
         for name, parts in RECIPES.items():
-            if len(parts) == 1 and name in means:
-                change = means[name] - base
-                keep = change < 0
-                why.append(f"without {parts[0]}: mean held-out APGR {change:+.3f} -> "
-                           f"{'keep' if keep else 'drop'} it")  # fmt: skip
-                if not keep:
-                    drop.add(parts[0])
+            if len(parts) != 1 or name not in means:
+                continue
+            effect = self.removal_effect(name)
+            if effect is None:
+                why.append(f"without {parts[0]}: no holdout tells the two apart -> keep it")
+                continue
+            lowers = effect.low > 0
+            why.append(f"without {parts[0]}: mean held-out APGR {effect.value:+.3f} "
+                       f"[{effect.low:+.3f}, {effect.high:+.3f}] -> "
+                       f"{'drop it (it lowers held-out APGR)' if lowers else 'keep it'}")
+            if lowers:
+                drop.add(parts[0])
         chosen = next((n for n, p in RECIPES.items() if set(p) == drop and n in means), None)
-        if chosen is None or means[chosen] < base:
-            chosen = max(means, key=lambda k: (round(means[k], 6), -len(RECIPES.get(k, ()))))
+        if chosen is None:
+            candidates = ["shipped"] + [n for n, p in RECIPES.items()
+                                        if n in means and p and set(p) <= drop]  # fmt: skip
+            chosen = max(candidates, key=lambda k: means[k])
         why.append(f"chosen: {chosen} (mean held-out APGR {means[chosen]:.3f}; shipped "
                    f"{base:.3f})")  # fmt: skip
         return chosen, why

@@ -87,24 +87,49 @@ def test_worker_processes_give_the_same_report(dataset: RoutingDataset) -> None:
     assert len(done) == len(alone.results) and all(m.endswith("(done)") for m in done)
 
 
-def _result(recipe: str, value: float) -> Result:
-    return Result(recipe, "h", Estimate(value, value, value, 10), Estimate(0.5, 0.5, 0.5, 10), None)
+def _report(effects: dict[str, tuple[float, float, float]]) -> LosoReport:
+    """Two holdouts; on each, every recipe's paired difference from "shipped" is
+    (value, low, high) and its APGR 0.6 + value."""
+    results = []
+    for holdout in ("h1", "h2"):
+        results.append(Result("shipped", holdout, Estimate(0.6, 0.5, 0.7, 10),
+                              Estimate(0.5, 0.5, 0.5, 10), None))  # fmt: skip
+        for name, (value, low, high) in effects.items():
+            results.append(Result(name, holdout, Estimate(0.6 + value, 0.5, 0.7, 10),
+                                  Estimate(0.5, 0.5, 0.5, 10), Estimate(value, low, high, 10)))
+    return LosoReport(results, {}, {})
 
 
-@pytest.mark.parametrize(("means", "chosen"), [
-    ({"shipped": 0.60, "no_source_prior": 0.58, "no_char_ngrams": 0.57, "words_only": 0.55},
-     "shipped"),  # every part helps: keep all
-    ({"shipped": 0.60, "no_source_prior": 0.62, "no_char_ngrams": 0.59, "words_only": 0.61},
+SIG_UP, SIG_DOWN, NOISE = (0.02, 0.01, 0.03), (-0.02, -0.03, -0.01), (0.002, -0.01, 0.014)
+
+
+@pytest.mark.parametrize(("effects", "chosen"), [
+    ({"no_source_prior": SIG_DOWN, "no_char_ngrams": SIG_DOWN, "words_only": SIG_DOWN},
+     "shipped"),  # every part helps held out: keep all
+    ({"no_source_prior": NOISE, "no_char_ngrams": NOISE, "words_only": NOISE},
+     "shipped"),  # no part shown to lower it (intervals span 0): keep all
+    ({"no_source_prior": SIG_UP, "no_char_ngrams": NOISE, "words_only": NOISE},
      "no_source_prior"),  # the prior lowers held-out APGR: drop it only
-    ({"shipped": 0.60, "no_source_prior": 0.61, "no_char_ngrams": 0.60, "words_only": 0.63},
-     "words_only"),  # neither part helps: drop both
-    ({"shipped": 0.60, "no_source_prior": 0.61, "no_char_ngrams": 0.61, "words_only": 0.58},
-     "no_source_prior"),  # each alone is no loss, both together are: the best measured
+    ({"no_source_prior": SIG_UP, "no_char_ngrams": SIG_UP, "words_only": (0.03, 0.02, 0.04)},
+     "words_only"),  # both lower it: drop both
+    ({"no_source_prior": SIG_UP, "no_char_ngrams": (0.03, 0.02, 0.04)},
+     "no_char_ngrams"),  # both lower it, together not measured: the best measured of the two
+    ({"no_open_weight": (0.0, 0.0, 0.0)}, "shipped"),  # no holdout tells them apart: keep it
 ])  # fmt: skip
-def test_choose_keeps_only_parts_that_do_not_lower_it(means: dict[str, float],
-                                                      chosen: str) -> None:  # fmt: skip
-    report = LosoReport([_result(k, v) for k, v in means.items()], {}, {})
-    assert report.choose()[0] == chosen
+def test_choose_drops_only_parts_shown_to_lower_it(
+    effects: dict[str, tuple[float, float, float]], chosen: str
+) -> None:
+    assert _report(effects).choose()[0] == chosen
+
+
+def test_removal_effect_combines_the_holdouts() -> None:
+    report = _report({"no_source_prior": (0.02, 0.0, 0.04), "no_open_weight": (0.0, 0.0, 0.0)})
+    effect = report.removal_effect("no_source_prior")
+    assert effect is not None and effect.value == pytest.approx(0.02)
+    # Two holdouts, each with standard error 0.02 / 1.96: the mean's is that / sqrt(2).
+    assert effect.high - effect.value == pytest.approx(0.02 / np.sqrt(2))
+    assert report.removal_effect("no_open_weight") is None
+    assert any("without open_weight: no holdout tells" in line for line in report.choose()[1])
 
 
 def test_train_report_loso_prints_the_table(folder: Path, tmp_path: Path) -> None:

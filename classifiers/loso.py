@@ -7,7 +7,8 @@ reverse), and within a benchmark made of several sources (the MMLU subjects; a t
 files), half the sources trained on and the other half held out, both ways. Each recipe is the
 shipped `TrainConfig` with some parts taken out (`RECIPES`); `choose` drops a part only when
 held-out sources show it lowers APGR (leaving it out raises the mean, the paired interval above
-0): the parts were chosen by in-distribution CV, and held-out sources veto what does not travel. Offline only (scikit-learn, through classifiers.train).
+0): the parts were chosen by in-distribution CV, and held-out sources veto what does not
+travel. Offline only (scikit-learn, through classifiers.train).
 """
 
 from __future__ import annotations

@@ -132,7 +132,9 @@ def test_shadow_labels_train_and_promote_on_live_traffic(
         assert isinstance(judge, LlmJudge) and judge.constraint == "grammar"
         assert len(by_judge["llm"]) == llm_labelled
         spend = metric(proxy, "cost_router_judge_spend_usd_total", judge="llm")
-        print(f"\nlabels: {len(labels)} ({len(by_judge['reference'])} reference, "
+        apart = sum(lb.outcomes["small"] != lb.outcomes["large"] for lb in by_judge["reference"])
+        print(f"\nlabels: {len(labels)} ({len(by_judge['reference'])} reference, {apart} of them "
+              "with the tiers apart, "
               f"{len(by_judge['llm'])} llm); llm judge parse rate {llm_labelled:.0f}/"
               f"{len(OPEN)}; judge spend {spend:.6f} USD; shadow spend "
               f"{metric(proxy, 'cost_router_shadow_spend_usd_total'):.6f} USD")
@@ -169,6 +171,8 @@ def test_shadow_labels_train_and_promote_on_live_traffic(
             stop.set()
             worker.join(timeout=120)
         failed = [s for s in seen if s[0] != 200]
+        print(f"promotion under load: {len(seen)} requests ({at} before the swap was seen), "
+              f"{len(failed)} failed; probe score {old_score} -> {new_score}")
         assert not failed, f"{len(failed)} of {len(seen)} requests failed: {failed[:3]}"
         assert all(s == new_score for _, s in seen[at:]), "the old model after the swap"
         assert proxy.app.state.reloader.failures == 0

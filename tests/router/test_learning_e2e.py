@@ -14,7 +14,6 @@ failing. One thread per server, small max_tokens: a few minutes on two cores."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from router.cli import app
 from router.config import load_config
 from router.evaluation.judges.llm import LlmJudge
 from tests.router.test_shadow import metric, shadow_records
+from tests.support.flowing import Answer, first_scored, requests_flowing
 from tests.support.proxy import ProxyThread, gguf_path, llama_server, tier
 from tests.support.waiting import wait_for
 from trace_format.labels import iter_labels
@@ -151,25 +151,16 @@ def test_shadow_labels_train_and_promote_on_live_traffic(
         old_score = _score(DifficultyScorer.load(None))
         new_score = _score(DifficultyScorer.load(new))
         assert old_score != new_score, "the retrained model scores the probe like the old one"
-        seen: list[tuple[int, str]] = []
-        stop = threading.Event()
-        worker = threading.Thread(target=_keep_asking, args=(client, stop, seen), daemon=True)
-        worker.start()
-        try:
+        with requests_flowing(lambda: _ask(client)) as seen:
             wait_for(lambda: len(seen) >= 3, 120, "requests before the promotion")
             promoted = runner.invoke(app, [
                 "classifier", "promote", str(new), "--config", str(config_path), "--traces",
                 str(traces), "--force", "--bootstrap", "50"])  # fmt: skip
             assert promoted.exit_code == 0, promoted.output
             print(promoted.output)
-            swapped = len(seen)
-            wait_for(lambda: any(s == new_score for _, s in seen[swapped:]), 120,
-                     "the promoted model's scores in x-router-score")
-            at = next(i for i in range(swapped, len(seen)) if seen[i][1] == new_score)
+            at = first_scored(seen, new_score, len(seen), 120,
+                              "the promoted model's scores in x-router-score")  # fmt: skip
             wait_for(lambda: len(seen) >= at + 3, 120, "requests after the swap")
-        finally:
-            stop.set()
-            worker.join(timeout=120)
         failed = [s for s in seen if s[0] != 200]
         print(f"promotion under load: {len(seen)} requests ({at} before the swap was seen), "
               f"{len(failed)} failed; probe score {old_score} -> {new_score}")
@@ -187,13 +178,8 @@ def _score(scorer: DifficultyScorer) -> str:
     return f"{scorer.score_request({'prompt': PROBE}):.4f}"
 
 
-def _keep_asking(client: OpenAI, stop: threading.Event, seen: list[tuple[int, str]]) -> None:
-    """One request after another until `stop`: (HTTP status, x-router-score) of each."""
-    while not stop.is_set():
-        try:
-            raw = client.chat.completions.with_raw_response.create(
-                model="auto", max_tokens=2, temperature=0,
-                messages=[{"role": "user", "content": PROBE}])  # fmt: skip
-            seen.append((raw.http_response.status_code, raw.headers.get("x-router-score", "")))
-        except Exception as exc:  # any failure is a failed request, reported by the test
-            seen.append((0, repr(exc)))
+def _ask(client: OpenAI) -> Answer:
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", max_tokens=2, temperature=0,
+        messages=[{"role": "user", "content": PROBE}])  # fmt: skip
+    return raw.http_response.status_code, raw.headers.get("x-router-score", "")

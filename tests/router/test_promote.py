@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from classifiers.score_reference import reference_path_for
 from router.cli import app
 from router.commands.promote import history_path, prev_path, sha256
 from router.config import load_config
+from tests.support.flowing import Answer, first_scored, requests_flowing
 from tests.support.proxy import ProxyThread, tier
 from tests.support.waiting import wait_for
 from trace_format.labels import LABELS_FILE, LabelRecord
@@ -175,16 +175,10 @@ def test_promote_bad_input_exits_2(tmp_path: Path, labelled: Path) -> None:
         assert message in result.output and result.output.startswith("error: "), result.output
 
 
-def _hammer(url: str, stop: threading.Event, seen: list[tuple[int, str]],
-            headers: dict[str, str] | None = None) -> None:  # fmt: skip
-    with httpx.Client(base_url=url, timeout=30) as client:
-        while not stop.is_set():
-            try:
-                r = client.post("/v1/chat/completions", headers=headers or {}, json={
-                    "model": "auto", "messages": [{"role": "user", "content": PROMPT}]})
-                seen.append((r.status_code, r.headers.get("x-router-score", "")))
-            except httpx.HTTPError as exc:
-                seen.append((0, repr(exc)))
+def _ask(client: httpx.Client) -> Answer:
+    r = client.post("/v1/chat/completions", json={
+        "model": "auto", "messages": [{"role": "user", "content": PROMPT}]})
+    return r.status_code, r.headers.get("x-router-score", "")
 
 
 def test_promote_into_a_live_proxy_swaps_model_and_threshold_without_failing_a_request(
@@ -196,33 +190,24 @@ def test_promote_into_a_live_proxy_swaps_model_and_threshold_without_failing_a_r
     assert old_score != new_score
     with running_echo_upstream() as url:
         config = _config(tmp_path / "router.yaml", url, old)
-        with ProxyThread(load_config(config), config_path=config) as proxy:
-            seen: list[tuple[int, str]] = []
-            stop = threading.Event()
-            worker = threading.Thread(target=_hammer, args=(proxy.url, stop, seen), daemon=True)
-            worker.start()
-            try:
-                wait_for(lambda: len(seen) >= 20, 30, "requests before the promotion")
-                result = runner.invoke(app, [
-                    "classifier", "promote", str(new), "--config", str(config), "--traces",
-                    str(labelled), "--force", "--bootstrap", "50"])  # fmt: skip
-                assert result.exit_code == 0, result.output
-                assert "forced: the new model is not shown better" in result.output
-                swapped = len(seen)
-                wait_for(lambda: any(s == new_score for _, s in seen[swapped:]), 30,
-                         "the new model's scores in x-router-score")
-                at = next(i for i in range(swapped, len(seen)) if seen[i][1] == new_score)
-                wait_for(lambda: len(seen) >= at + 20, 30, "requests after the swap")
-                threshold = load_config(config).policies["main"].model_extra["threshold"]
-                assert proxy.state.selector.policies["main"].threshold == threshold  # type: ignore[attr-defined]
-                result = runner.invoke(app, ["classifier", "rollback", "--config", str(config)])
-                assert result.exit_code == 0, result.output
-                back = len(seen)
-                wait_for(lambda: any(s == old_score for _, s in seen[back:]), 30,
-                         "the old model's scores again after rollback")
-            finally:
-                stop.set()
-                worker.join(timeout=30)
+        with ProxyThread(load_config(config), config_path=config) as proxy, \
+             httpx.Client(base_url=proxy.url, timeout=30) as http, \
+             requests_flowing(lambda: _ask(http), join_s=30) as seen:  # fmt: skip
+            wait_for(lambda: len(seen) >= 20, 30, "requests before the promotion")
+            result = runner.invoke(app, [
+                "classifier", "promote", str(new), "--config", str(config), "--traces",
+                str(labelled), "--force", "--bootstrap", "50"])  # fmt: skip
+            assert result.exit_code == 0, result.output
+            assert "forced: the new model is not shown better" in result.output
+            at = first_scored(seen, new_score, len(seen), 30,
+                              "the new model's scores in x-router-score")  # fmt: skip
+            wait_for(lambda: len(seen) >= at + 20, 30, "requests after the swap")
+            threshold = load_config(config).policies["main"].model_extra["threshold"]
+            assert proxy.state.selector.policies["main"].threshold == threshold  # type: ignore[attr-defined]
+            result = runner.invoke(app, ["classifier", "rollback", "--config", str(config)])
+            assert result.exit_code == 0, result.output
+            back = len(seen)
+            first_scored(seen, old_score, back, 30, "the old model's scores again after rollback")
     failed = [s for s in seen if s[0] != 200]
     assert not failed, f"{len(failed)} of {len(seen)} requests failed: {failed[:3]}"
     after = [s for _, s in seen[at:back]]

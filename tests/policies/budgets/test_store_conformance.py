@@ -29,7 +29,7 @@ from policies.budgets.ledger import spend_from_ledger
 from policies.budgets.money import nanos_to_usd, usd_to_nanos
 from policies.budgets.periods import period_window
 from policies.budgets.scopes import BudgetScope
-from policies.budgets.store import BudgetExceeded, BudgetStore
+from policies.budgets.store import BudgetExceeded, BudgetStore, BudgetUnavailable
 from policies.config import BudgetLimit, BudgetsConfig, ConfigError
 from policies.keys import KeyRecord, KeyStore
 from router.config import config_from_dict
@@ -281,16 +281,27 @@ def test_concurrent_reservations_never_exceed_the_limit(kit: StoreKit) -> None:
         store = kit.make()
         scope = team(1.5)
 
+        unavailable: list[int] = []
+
         async def one(i: int) -> int:
             try:
                 res = await store.reserve(scope, f"r{i}", amounts[i], 1)
             except BudgetExceeded:
+                return 0
+            except BudgetUnavailable:
+                # Refused, fail closed: the right answer of a store that lost a connection. In
+                # a 300-request burst on the cluster, redis-py's cluster client can turn one
+                # connection error into a few (after an error it disconnects the node's idle
+                # connections while other tasks are taking them); seen twice in 1,141-test
+                # runs. Rare, never the rule: bounded below.
+                unavailable.append(i)
                 return 0
             await asyncio.sleep(0)  # let the other requests interleave
             actual = nanos_to_usd(res.amount_nanos) * rng.choice([0.25, 0.5, 1.0])
             return (await store.settle(f"r{i}", actual, 1)).charged_nanos
 
         charged = await asyncio.gather(*(one(i) for i in range(300)))
+        assert len(unavailable) <= 300 // 20, f"{len(unavailable)} of 300 refused as unreachable"
         st = (await store.status(scope))[0]
         assert st.spent_nanos == sum(charged) <= usd_to_nanos(1.5)
         assert st.reserved_nanos == 0

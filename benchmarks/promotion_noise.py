@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +39,7 @@ import pandas as pd
 from scipy.stats import beta
 
 from classifiers.dataset import RoutingDataset, concat, load_dataset, routellm_data_dir
+from classifiers.forked import forked_map, shared
 from classifiers.inference import DifficultyScorer
 from classifiers.labels import known
 from classifiers.loso import RECIPES, recipe_config
@@ -52,9 +52,6 @@ class Pool:
     dataset: RoutingDataset
     inputs: pd.DataFrame  # frame(dataset.prompts)
     shipped: np.ndarray  # the shipped model's score per pool row
-
-
-_POOL: Pool | None = None  # set before the workers fork; each reads it, none writes it
 
 
 def prepare(max_pool: int | None = None) -> Pool:
@@ -70,19 +67,19 @@ def prepare(max_pool: int | None = None) -> Pool:
 
 def one_seed(seed: int, rows: int, rounds: int, folds: int,
              without: tuple[str, ...] = ()) -> dict[str, object]:  # fmt: skip
-    assert _POOL is not None, "prepare() runs before the seeds"
+    pool: Pool = shared()  # prepare()'s, set before the workers fork; none writes it
     rng = np.random.default_rng(seed)
-    pick = rng.choice(len(_POOL.dataset), rows, replace=False)
-    ds = _POOL.dataset.subset(pick)
+    pick = rng.choice(len(pool.dataset), rows, replace=False)
+    ds = pool.dataset.subset(pick)
     small, large = ds.small.copy(), ds.large.copy()
     order = rng.permutation(rows)  # outcome pairs to other prompts: labels are noise
     noisy = ds.subset(np.arange(rows))
     noisy.small[:], noisy.large[:] = small[order], large[order]
-    inputs = _POOL.inputs.iloc[pick].reset_index(drop=True)
+    inputs = pool.inputs.iloc[pick].reset_index(drop=True)
     config = recipe_config(TrainConfig(seed=seed), without)
     oof = out_of_fold(noisy, config, None, folds, inputs=inputs)
     sm, lg = small[oof.rows], large[oof.rows]
-    current = {"shipped": _POOL.shipped[pick][oof.rows], "random": rng.random(len(oof.rows))}
+    current = {"shipped": pool.shipped[pick][oof.rows], "random": rng.random(len(oof.rows))}
     verdicts = {name: gate(scores, oof.scores, sm, lg, rounds, seed)
                 for name, scores in current.items()}  # fmt: skip
     return {"seed": seed, **{f"{name}_refused": not v.promote for name, v in verdicts.items()},
@@ -96,7 +93,6 @@ def exact_interval(k: int, n: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    global _POOL
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--first-seed", type=int, default=0)
@@ -111,21 +107,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     started = time.monotonic()
-    _POOL = prepare(args.max_pool)
-    print(f"prepared {len(_POOL.dataset)} pool rows in {time.monotonic() - started:.0f} s",
+    prepared = prepare(args.max_pool)
+    print(f"prepared {len(prepared.dataset)} pool rows in {time.monotonic() - started:.0f} s",
           flush=True)  # fmt: skip
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     results = []
-    # fork: the workers inherit the prepared pool instead of pickling it per seed.
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        futures = [pool.submit(one_seed, s, args.rows, args.rounds, args.folds,
-                               RECIPES[args.recipe]) for s in seeds]  # fmt: skip
-        for future in futures:
-            result = future.result()
-            results.append(result)
-            print(f"seed {result['seed']}: {result['random_reason']}  "
-                  f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+    fit = partial(one_seed, rows=args.rows, rounds=args.rounds, folds=args.folds,
+                  without=RECIPES[args.recipe])  # fmt: skip
+    for result in forked_map(fit, seeds, prepared, args.jobs):
+        results.append(result)
+        print(f"seed {result['seed']}: {result['random_reason']}  "
+              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     summary = {}
     for name in ("shipped", "random"):
         count = sum(bool(r[f"{name}_refused"]) for r in results)

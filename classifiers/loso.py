@@ -13,9 +13,8 @@ travel. Offline only (scikit-learn, through classifiers.train).
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from classifiers.dataset import RoutingDataset
 from classifiers.evaluate import METRICS, Estimate, bootstrap, paired_bootstrap
+from classifiers.forked import forked_map, shared
 from classifiers.labels import gain_class, known
 from classifiers.train import TrainConfig, fit_frame, frame, predict_scores
 
@@ -213,26 +213,14 @@ def loso_report(
         train_rows[split.name], test_rows[split.name] = len(train), len(split.test)
         for name, without in recipes.items():
             fits.append(_Fit(name, split.name, recipe_config(base, without), train, split.test))
-    global _SHARED
-    _SHARED = (data, labels, ds.source)
-    try:
-        if jobs > 1:
-            context = multiprocessing.get_context("fork")  # workers share `_SHARED` unpickled
-            with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-                futures = [pool.submit(_run_fit, fit) for fit in fits]
-                scored = []
-                for fit, future in zip(fits, futures, strict=True):
-                    scored.append(future.result())
-                    if progress:
-                        progress(f"{fit.recipe}: {fit.holdout} (done)")
-        else:
-            scored = []
-            for fit in fits:
-                if progress:
-                    progress(f"{fit.recipe}: {fit.holdout}")
-                scored.append(_run_fit(fit))
-    finally:
-        _SHARED = None
+    scored = []
+    with closing(forked_map(_run_fit, fits, (data, labels, ds.source), jobs)) as scores_of:
+        for fit in fits:
+            if progress and jobs <= 1:
+                progress(f"{fit.recipe}: {fit.holdout}")
+            scored.append(next(scores_of))
+            if progress and jobs > 1:
+                progress(f"{fit.recipe}: {fit.holdout} (done)")
     results: list[Result] = []
     first: dict[str, np.ndarray] = {}
     for fit, scores in zip(fits, scored, strict=True):
@@ -259,12 +247,7 @@ class _Fit:
     test: np.ndarray
 
 
-# (model inputs, labels, sources) of the dataset being reported on, set before workers fork.
-_SHARED: tuple[Any, np.ndarray, np.ndarray] | None = None
-
-
 def _run_fit(fit: _Fit) -> np.ndarray:
-    assert _SHARED is not None
-    data, labels, sources = _SHARED
+    data, labels, sources = shared()  # (model inputs, labels, sources) of the whole dataset
     pipeline = fit_frame(data.iloc[fit.train], labels[fit.train], fit.config, sources[fit.train])
     return predict_scores(pipeline, data.iloc[fit.test])

@@ -125,7 +125,7 @@ def run_scenario(
             quality[on_small] = np.clip(quality[on_small] + levers.quant_quality_delta, 0.0, 1.0)
         else:
             quality[on_small] *= levers.quant_quality
-        cost[s.tier_role == SMALL] *= levers.quant_cost
+        cost[on_small] *= levers.quant_cost
     completion = trace.completion_tokens[rows, s.tier_role]
     lat = simulate(arrivals, s.tier_role, trace.prompt_tokens, completion, [small, large])
     return ScenarioResult(

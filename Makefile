@@ -35,7 +35,7 @@ redis:
 	@for i in 1 2 3 4 5 6 7 8 9 10; do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && exit 0; sleep 0.5; done; \
 	  echo "redis did not start on 127.0.0.1:6379" >&2; exit 1
 
-# promtool checks and unit-tests router/monitoring/alerts.yml (tests/router/test_alert_rules.py).
+# promtool checks and unit-tests router/observability/monitoring/alerts.yml (tests/router/observability/test_alert_rules.py).
 # It ships in Debian's `prometheus` package, whose install may start a Prometheus server on :9090:
 # stopped and disabled again, as only the tool is wanted.
 promtool:

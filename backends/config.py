@@ -10,15 +10,10 @@ from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from backends.launch_config import LaunchConfig
-
-
-class StrictModel(BaseModel):
-    # Unknown keys are almost always typos; reject them so the error names the key.
-    model_config = ConfigDict(extra="forbid")
-
+from trace_format.config_base import StrictModel
 
 # Money is counted in integer nano-USD so that sums (ledgers, Redis counters) are exact.
 NANOS_PER_USD = 1_000_000_000
@@ -28,16 +23,23 @@ Number = int | float
 
 @overload
 def cost_nanos(
-    input_per_mtok: Number, output_per_mtok: Number, prompt_tokens: Number,
+    input_per_mtok: Number,
+    output_per_mtok: Number,
+    prompt_tokens: Number,
     completion_tokens: Number,
 ) -> int: ...
 @overload
 def cost_nanos(
-    input_per_mtok: Any, output_per_mtok: Any, prompt_tokens: npt.NDArray[Any],
+    input_per_mtok: Any,
+    output_per_mtok: Any,
+    prompt_tokens: npt.NDArray[Any],
     completion_tokens: npt.NDArray[Any],
 ) -> npt.NDArray[np.int64]: ...
 def cost_nanos(
-    input_per_mtok: Any, output_per_mtok: Any, prompt_tokens: Any, completion_tokens: Any,
+    input_per_mtok: Any,
+    output_per_mtok: Any,
+    prompt_tokens: Any,
+    completion_tokens: Any,
 ) -> int | npt.NDArray[np.int64]:
     """Cost in nano-USD, rounded half-even; scalars give an int, arrays an int64 array."""
     # USD per Mtok * 1e9 nanos / 1e6 tokens = price * 1000 nanos per token. Plain operators, so
@@ -54,8 +56,9 @@ class Price(StrictModel):
     output_per_mtok: float = Field(ge=0, description="USD per million completion tokens")
 
     def cost_nanos(self, prompt_tokens: int, completion_tokens: int) -> int:
-        return int(cost_nanos(self.input_per_mtok, self.output_per_mtok, prompt_tokens,
-                              completion_tokens))
+        return int(
+            cost_nanos(self.input_per_mtok, self.output_per_mtok, prompt_tokens, completion_tokens)
+        )
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return self.cost_nanos(prompt_tokens, completion_tokens) / NANOS_PER_USD
@@ -66,7 +69,8 @@ class DeploymentConfig(StrictModel):
     URL and key, balanced by backends/deployments.py."""
 
     name: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9_.:\-]+$",
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:\-]+$",
         description="named in the x-router-deployment header and the trace; default d0, d1, ...",
     )
     base_url: str = Field(description="the OpenAI-compatible root of this server (ends in /v1)")
@@ -77,7 +81,9 @@ class DeploymentConfig(StrictModel):
         default=None, description="env var holding this server's key (default: the tier's)"
     )
     weight: float = Field(
-        default=1.0, gt=0, le=1000,
+        default=1.0,
+        gt=0,
+        le=1000,
         description="share of traffic under `weighted`; divides the load under least_outstanding",
     )
     max_inflight: int = Field(
@@ -102,7 +108,9 @@ class BalancingConfig(StrictModel):
         "round_robin: in turn",
     )
     eject_after_failures: int = Field(
-        default=3, ge=1, le=100,
+        default=3,
+        ge=1,
+        le=100,
         description="consecutive failures (timeouts, 5xx) that eject a deployment; one that "
         "cannot be connected to is ejected at once",
     )
@@ -110,7 +118,8 @@ class BalancingConfig(StrictModel):
         default=10.0, ge=0, description="an ejected deployment gets no requests for this long"
     )
     probe_interval_s: float = Field(
-        default=2.0, ge=0,
+        default=2.0,
+        ge=0,
         description="active health (and metrics) probe of each deployment; 0 = passive only",
     )
     probe_timeout_s: float = Field(default=1.0, gt=0, description="time limit of one probe")
@@ -139,7 +148,8 @@ class TierConfig(StrictModel):
     connect_timeout_s: float = Field(default=2.0, gt=0)
     connect_retries: int = Field(default=2, ge=0, le=10)
     max_inflight: int = Field(
-        default=64, ge=1,
+        default=64,
+        ge=1,
         description="most upstream requests in flight for the tier (with deployments, default: "
         "the sum of theirs)",
     )
@@ -166,8 +176,10 @@ class TierConfig(StrictModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"deployment names must be unique; repeated: {dupes}")
-        return [d if d.name else d.model_copy(update={"name": n})
-                for d, n in zip(value, names, strict=True)]  # fmt: skip
+        return [
+            d if d.name else d.model_copy(update={"name": n})
+            for d, n in zip(value, names, strict=True)
+        ]
 
     @model_validator(mode="after")
     def _tier_capacity(self) -> TierConfig:

@@ -69,25 +69,42 @@ class Deployment:
 
     def status(self, now: float) -> dict[str, object]:
         """For readiness and tests: what the balancer sees of this deployment."""
-        return {"inflight": self.inflight, "available": self.available(now),
-                "healthy": self.healthy, "ejected": now < self.ejected_until,
-                "served": self.served, "ejections": self.ejections,
-                "waiting": self.waiting, "kv_cache_usage": self.kv_cache_usage}  # fmt: skip
+        return {
+            "inflight": self.inflight,
+            "available": self.available(now),
+            "healthy": self.healthy,
+            "ejected": now < self.ejected_until,
+            "served": self.served,
+            "ejections": self.ejections,
+            "waiting": self.waiting,
+            "kv_cache_usage": self.kv_cache_usage,
+        }
 
 
 def deployments_of(configs: Sequence[DeploymentConfig]) -> list[Deployment]:
     return [
-        Deployment(name=c.name or f"d{i}", index=i, base_url=c.base_url.rstrip("/"),
-                   metrics_url=c.metrics_url, weight=c.weight, max_inflight=c.max_inflight)
+        Deployment(
+            name=c.name or f"d{i}",
+            index=i,
+            base_url=c.base_url.rstrip("/"),
+            metrics_url=c.metrics_url,
+            weight=c.weight,
+            max_inflight=c.max_inflight,
+        )
         for i, c in enumerate(configs)
-    ]  # fmt: skip
+    ]
 
 
 class DeploymentSet:
     """The deployments of one tier, the balancing strategy and their health."""
 
-    def __init__(self, tier: str, deployments: Sequence[Deployment], balancing: BalancingConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tier: str,
+        deployments: Sequence[Deployment],
+        balancing: BalancingConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         assert deployments, "a tier lists at least one deployment (checked by the config)"
         self.tier = tier
         self.deployments = list(deployments)
@@ -119,8 +136,11 @@ class DeploymentSet:
         for i in range(n):
             d = ds[(start + i) % n]
             if not d.available(now):
-                if (d.inflight < d.max_inflight and d not in exclude
-                        and (spare is None or d.ejected_until < spare.ejected_until)):
+                if (
+                    d.inflight < d.max_inflight
+                    and d not in exclude
+                    and (spare is None or d.ejected_until < spare.ejected_until)
+                ):
                     spare = d  # the one out longest
                 continue
             any_available = True
@@ -166,11 +186,17 @@ class DeploymentSet:
         d.ejections += 1
         if self.probing:
             d.healthy = False
-        log.warning("tier %s: deployment %s ejected for %.1f s (%s)", self.tier, d.name,
-                    self.cooldown_s, why)  # fmt: skip
+        log.warning(
+            "tier %s: deployment %s ejected for %.1f s (%s)",
+            self.tier,
+            d.name,
+            self.cooldown_s,
+            why,
+        )
 
-    def probed(self, d: Deployment, healthy: bool, detail: str = "",
-               unreachable: bool = False) -> None:  # fmt: skip
+    def probed(
+        self, d: Deployment, healthy: bool, detail: str = "", unreachable: bool = False
+    ) -> None:
         """An active probe's verdict on `d`. A refused connection takes it out at once; a slow
         or failed answer only at the second in a row (a busy single-threaded server, such as
         llama.cpp's in the middle of a generation, may miss one probe's time limit)."""
@@ -180,8 +206,9 @@ class DeploymentSet:
             if verdict:
                 log.info("tier %s: deployment %s healthy again", self.tier, d.name)
             else:
-                log.warning("tier %s: deployment %s failed its health probe: %s", self.tier,
-                            d.name, detail)  # fmt: skip
+                log.warning(
+                    "tier %s: deployment %s failed its health probe: %s", self.tier, d.name, detail
+                )
         d.healthy = verdict
 
     def refresh_load(self) -> None:
@@ -193,10 +220,17 @@ class DeploymentSet:
             if d.waiting is None or not d.available(now):
                 continue
             if best is None or (d.waiting, d.kv_cache_usage or 0.0) < (
-                    best.waiting or 0.0, best.kv_cache_usage or 0.0):
+                best.waiting or 0.0,
+                best.kv_cache_usage or 0.0,
+            ):
                 best = d
-        self.tier_load = None if best is None else TierLoad(
-            running=best.running, waiting=best.waiting, kv_cache_usage=best.kv_cache_usage)
+        self.tier_load = (
+            None
+            if best is None
+            else TierLoad(
+                running=best.running, waiting=best.waiting, kv_cache_usage=best.kv_cache_usage
+            )
+        )
 
     def status(self) -> dict[str, dict[str, object]]:
         now = self.clock()
@@ -205,5 +239,8 @@ class DeploymentSet:
 
 def balanced_sets(backends: Mapping[str, object]) -> dict[str, DeploymentSet]:
     """The deployment sets of the backends that balance several deployments, by tier."""
-    return {tier: s for tier, b in backends.items()
-            if isinstance(s := getattr(b, "deployments", None), DeploymentSet)}  # fmt: skip
+    return {
+        tier: s
+        for tier, b in backends.items()
+        if isinstance(s := getattr(b, "deployments", None), DeploymentSet)
+    }

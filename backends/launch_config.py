@@ -21,17 +21,33 @@ NGRAM_METHODS = frozenset({"ngram", "prompt_lookup"})
 # Flags the profile sets itself; passing them again through extra_args would bypass validation.
 VLLM_MANAGED_FLAGS = frozenset(
     {
-        "--host", "--port", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
-        "--quantization", "-q", "--dtype", "--max-model-len", "--gpu-memory-utilization",
-        "--speculative-config", "--served-model-name",
+        "--host",
+        "--port",
+        "--tensor-parallel-size",
+        "-tp",
+        "--pipeline-parallel-size",
+        "-pp",
+        "--quantization",
+        "-q",
+        "--dtype",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--speculative-config",
+        "--served-model-name",
     }
-)  # fmt: skip
+)
 LLAMA_CPP_MANAGED_FLAGS = frozenset(
     {
-        "--model", "--model_alias", "--host", "--port", "--n_ctx", "--n_threads",
-        "--draft_model", "--draft_model_num_pred_tokens",
+        "--model",
+        "--model_alias",
+        "--host",
+        "--port",
+        "--n_ctx",
+        "--n_threads",
+        "--draft_model",
+        "--draft_model_num_pred_tokens",
     }
-)  # fmt: skip
+)
 LLAMA_CPP_PROMPT_LOOKUP = "prompt-lookup-decoding"
 PACKAGE_PREFIX = "package:"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

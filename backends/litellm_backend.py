@@ -76,8 +76,9 @@ class LiteLLMBackend:
                 status, {"error": {"message": message, "type": "upstream_error"}}
             )
         # The provider's text can name hosts and accounts: the log's, never the client's.
-        return UpstreamError(self.tier, f"{type(exc).__name__}: {exc}",
-                             status if isinstance(status, int) else None)
+        return UpstreamError(
+            self.tier, f"{type(exc).__name__}: {exc}", status if isinstance(status, int) else None
+        )
 
     async def _call(self, endpoint: str, body: dict[str, Any]) -> Any:
         litellm = _litellm()

@@ -91,8 +91,9 @@ def _all_failed(tier: str, errors: list[tuple[str, UpstreamError]]) -> UpstreamE
     if not errors:
         return DeploymentsBusy(tier)
     last = errors[-1][1]
-    detail = "; ".join(f"deployment {name}: {str(e).removeprefix(f'{tier}: ')}"
-                       for name, e in errors)  # fmt: skip
+    detail = "; ".join(
+        f"deployment {name}: {str(e).removeprefix(f'{tier}: ')}" for name, e in errors
+    )
     return UpstreamError(tier, detail, last.status, public=last.public)
 
 
@@ -105,9 +106,13 @@ class _Server:
     """One upstream server: its URLs, headers and connection pool."""
 
     def __init__(
-        self, base_url: str, api_key: str | None, max_inflight: int, tier: TierConfig,
+        self,
+        base_url: str,
+        api_key: str | None,
+        max_inflight: int,
+        tier: TierConfig,
         transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"content-type": "application/json"}
         if api_key:
@@ -141,8 +146,13 @@ class _Server:
         # Built directly from pre-parsed parts: client.build_request re-parses and merges the
         # base URL on every call, a measurable share of the proxy's CPU per request.
         url = self.urls.get(endpoint) or httpx.URL(f"{self.base_url}/{endpoint}")
-        return httpx.Request("POST", url, headers=self.headers, content=orjson.dumps(body),
-                             extensions=self.extensions)  # fmt: skip
+        return httpx.Request(
+            "POST",
+            url,
+            headers=self.headers,
+            content=orjson.dumps(body),
+            extensions=self.extensions,
+        )
 
     async def ready(self) -> tuple[bool, str]:
         try:
@@ -165,20 +175,32 @@ class OpenAIHTTPBackend:
         self._prober: DeploymentProber | None = None
         if tier.deployments:
             self._servers = [
-                _Server(d.base_url, d.api_key or _env_key(d.api_key_env or tier.api_key_env),
-                        d.max_inflight, tier, transport)
+                _Server(
+                    d.base_url,
+                    d.api_key or _env_key(d.api_key_env or tier.api_key_env),
+                    d.max_inflight,
+                    tier,
+                    transport,
+                )
                 for d in tier.deployments
-            ]  # fmt: skip
-            self.deployments = DeploymentSet(tier.name, deployments_of(tier.deployments),
-                                             tier.balancing)  # fmt: skip
+            ]
+            self.deployments = DeploymentSet(
+                tier.name, deployments_of(tier.deployments), tier.balancing
+            )
             if tier.balancing.probe_interval_s > 0:
-                self._prober = DeploymentProber(self.deployments, tier.balancing.probe_interval_s,
-                                                tier.balancing.probe_timeout_s,
-                                                tier.balancing.health_path)  # fmt: skip
+                self._prober = DeploymentProber(
+                    self.deployments,
+                    tier.balancing.probe_interval_s,
+                    tier.balancing.probe_timeout_s,
+                    tier.balancing.health_path,
+                )
         else:
             assert tier.base_url
-            self._servers = [_Server(tier.base_url, _env_key(tier.api_key_env),
-                                     tier.max_inflight, tier, transport)]  # fmt: skip
+            self._servers = [
+                _Server(
+                    tier.base_url, _env_key(tier.api_key_env), tier.max_inflight, tier, transport
+                )
+            ]
         self._server = self._servers[0]
         self.base_url = self._server.base_url
 
@@ -226,8 +248,9 @@ class OpenAIHTTPBackend:
         log.warning("tier %s: deployment %s failed: %s", self.tier, d.name, exc)
         self.deployments.failed(d, unreachable=_unreachable(exc))
 
-    async def _complete_on(self, server: _Server, endpoint: str, body: dict[str, Any],
-                           retries: int) -> UpstreamResponse:  # fmt: skip
+    async def _complete_on(
+        self, server: _Server, endpoint: str, body: dict[str, Any], retries: int
+    ) -> UpstreamResponse:
         resp = await self._send(server, server.request(endpoint, body), retries)
         try:
             raw = await resp.aread()
@@ -239,14 +262,26 @@ class OpenAIHTTPBackend:
         try:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise UpstreamError(self.tier, "answered with invalid JSON", resp.status_code,
-                                public="answered with invalid JSON") from exc
+            raise UpstreamError(
+                self.tier,
+                "answered with invalid JSON",
+                resp.status_code,
+                public="answered with invalid JSON",
+            ) from exc
         if not isinstance(answer, dict):
-            raise UpstreamError(self.tier, "answered with a non-object JSON body", resp.status_code,
-                                public="answered with a non-object JSON body")
+            raise UpstreamError(
+                self.tier,
+                "answered with a non-object JSON body",
+                resp.status_code,
+                public="answered with a non-object JSON body",
+            )
         if deeper_than(answer):  # it could not be re-serialised for the client
-            raise UpstreamError(self.tier, f"answered JSON nested deeper than {MAX_JSON_DEPTH} "
-                                "levels", resp.status_code, public="answered with invalid JSON")
+            raise UpstreamError(
+                self.tier,
+                f"answered JSON nested deeper than {MAX_JSON_DEPTH} levels",
+                resp.status_code,
+                public="answered with invalid JSON",
+            )
         usage = usage_from(answer)
         if usage is None:  # our own count of a large answer takes long: off the event loop
             usage = await asyncio.to_thread(answer_usage, body, answer)
@@ -274,8 +309,14 @@ class OpenAIHTTPBackend:
         self._probing()
         return _BalancedStream(self, self.deployments, endpoint, body)
 
-    async def _stream_on(self, server: _Server, endpoint: str, body: dict[str, Any],
-                         retries: int, d: Deployment | None) -> AsyncIterator[bytes]:  # fmt: skip
+    async def _stream_on(
+        self,
+        server: _Server,
+        endpoint: str,
+        body: dict[str, Any],
+        retries: int,
+        d: Deployment | None,
+    ) -> AsyncIterator[bytes]:
         if d is not None:
             d.inflight += 1  # paired with the finally below: the generator runs to it
         try:
@@ -332,8 +373,13 @@ class _BalancedStream:
 
     __slots__ = ("_backend", "_set", "_endpoint", "_body", "_inner", "deployment")
 
-    def __init__(self, backend: OpenAIHTTPBackend, deployments: DeploymentSet, endpoint: str,
-                 body: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        backend: OpenAIHTTPBackend,
+        deployments: DeploymentSet,
+        endpoint: str,
+        body: dict[str, Any],
+    ) -> None:
         self._backend, self._set = backend, deployments
         self._endpoint, self._body = endpoint, body
         self._inner: AsyncIterator[bytes] | None = None
@@ -352,8 +398,9 @@ class _BalancedStream:
         errors: list[tuple[str, UpstreamError]] = []
         while (d := self._set.pick(tried)) is not None:
             tried.append(d)
-            upstream = backend._stream_on(backend._servers[d.index], self._endpoint, self._body,
-                                          0, d)  # fmt: skip
+            upstream = backend._stream_on(
+                backend._servers[d.index], self._endpoint, self._body, 0, d
+            )
             try:
                 first = await anext(upstream)
             except StopAsyncIteration:

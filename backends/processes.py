@@ -94,8 +94,9 @@ class ServerGroup:
                     env={**os.environ, **plan.env},
                     start_new_session=True,
                 )
-            log.info("started tier %s (pid %d): %s", plan.tier, self.procs[plan.tier].pid,
-                     plan.shell())  # fmt: skip
+            log.info(
+                "started tier %s (pid %d): %s", plan.tier, self.procs[plan.tier].pid, plan.shell()
+            )
 
     def wait_ready(self, poll_s: float = 0.5) -> None:
         """Blocks until every server answers GET /v1/models; raises LaunchError on exit/timeout."""

@@ -37,8 +37,9 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def quantized(source: str | Path, qtype: str = "Q2_K", cache: Path | None = None,
-              threads: int = 1) -> Path:  # fmt: skip
+def quantized(
+    source: str | Path, qtype: str = "Q2_K", cache: Path | None = None, threads: int = 1
+) -> Path:
     """The GGUF of `source` (a path or `package:PKG/FILE`) quantized to `qtype`, made on first
     use and cached (module docstring)."""
     if qtype not in TYPES:
@@ -54,8 +55,9 @@ def quantized(source: str | Path, qtype: str = "Q2_K", cache: Path | None = None
         # Optional heavy library (the `demo` extra): imported only when a file must be made.
         import llama_cpp
     except ImportError:
-        raise QuantizeError("llama-cpp-python is not installed (pip install "
-                            "'cost-router[demo]')") from None  # fmt: skip
+        raise QuantizeError(
+            "llama-cpp-python is not installed (pip install 'cost-router[demo]')"
+        ) from None
     folder.mkdir(parents=True, exist_ok=True)
     # A temporary name in the same folder, renamed when complete: a crash or a second process
     # never leaves a half-written file under the cached name.
@@ -64,8 +66,9 @@ def quantized(source: str | Path, qtype: str = "Q2_K", cache: Path | None = None
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype}")
     params.allow_requantize = True
     params.nthread = threads
-    code = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(),
-                                          ctypes.byref(params))  # fmt: skip
+    code = llama_cpp.llama_model_quantize(
+        str(src).encode(), str(tmp).encode(), ctypes.byref(params)
+    )
     if code != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         raise QuantizeError(f"{src}: llama_model_quantize to {qtype} failed (code {code})")

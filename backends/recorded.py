@@ -115,8 +115,11 @@ def _load(
     by_text: dict[str, _Recorded] = {}
     count = 0
     for path in files:
-        records = (_read_csv(path, root, role) if is_csv_file(path)
-                   else _read_jsonl(path, role, context_turns))  # fmt: skip
+        records = (
+            _read_csv(path, root, role)
+            if is_csv_file(path)
+            else _read_jsonl(path, role, context_turns)
+        )
         for text, recorded in records:
             count += 1
             by_text.setdefault(text, recorded)

@@ -30,8 +30,12 @@ class BackendKind:
 
 
 BACKENDS: dict[str, BackendKind] = {
-    "openai": BackendKind("backends.openai_http", "OpenAIHTTPBackend", ("base_url",),
-                          alternatives=(("base_url", "deployments"),)),
+    "openai": BackendKind(
+        "backends.openai_http",
+        "OpenAIHTTPBackend",
+        ("base_url",),
+        alternatives=(("base_url", "deployments"),),
+    ),
     "litellm": BackendKind("backends.litellm_backend", "LiteLLMBackend"),
     "replay": BackendKind("backends.recorded", "RecordedBackend", ("replay_trace",)),
 }

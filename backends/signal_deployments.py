@@ -40,8 +40,13 @@ def server_root(base_url: str) -> str:
 class DeploymentProber:
     """Probes every deployment of one `DeploymentSet` each `interval_s`."""
 
-    def __init__(self, deployments: DeploymentSet, interval_s: float, timeout_s: float,
-                 health_path: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        deployments: DeploymentSet,
+        interval_s: float,
+        timeout_s: float,
+        health_path: str | None = None,
+    ) -> None:
         self.set = deployments
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -51,8 +56,11 @@ class DeploymentProber:
             if health_path is not None:
                 self._candidates[d.name] = [f"{root}/{health_path.lstrip('/')}"]
             else:
-                self._candidates[d.name] = [f"{root}/readyz", f"{root}/health",
-                                            f"{d.base_url}/models"]  # fmt: skip
+                self._candidates[d.name] = [
+                    f"{root}/readyz",
+                    f"{root}/health",
+                    f"{d.base_url}/models",
+                ]
         self._configured = health_path is not None
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
@@ -123,7 +131,8 @@ class DeploymentProber:
         """Start probing on the running event loop (idempotent)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
-                self.run(), name=f"deployment-probes-{self.set.tier}")
+                self.run(), name=f"deployment-probes-{self.set.tier}"
+            )
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -151,17 +160,24 @@ class DeploymentsCollector(Collector):
             "1 when the deployment takes requests (not ejected, last probe healthy).",
             labels=labels,
         )
-        inflight = GaugeMetricFamily("cost_router_deployment_inflight",
-                                     "This replica's requests in flight on the deployment.",
-                                     labels=labels)  # fmt: skip
-        waiting = GaugeMetricFamily("cost_router_deployment_requests_waiting",
-                                    "Requests queued on the deployment's server (vLLM).",
-                                    labels=labels)  # fmt: skip
-        served = CounterMetricFamily("cost_router_deployment_served",
-                                     "Attempts the deployment answered.", labels=labels)
-        ejections = CounterMetricFamily("cost_router_deployment_ejections",
-                                        "Times the deployment was ejected by passive health.",
-                                        labels=labels)  # fmt: skip
+        inflight = GaugeMetricFamily(
+            "cost_router_deployment_inflight",
+            "This replica's requests in flight on the deployment.",
+            labels=labels,
+        )
+        waiting = GaugeMetricFamily(
+            "cost_router_deployment_requests_waiting",
+            "Requests queued on the deployment's server (vLLM).",
+            labels=labels,
+        )
+        served = CounterMetricFamily(
+            "cost_router_deployment_served", "Attempts the deployment answered.", labels=labels
+        )
+        ejections = CounterMetricFamily(
+            "cost_router_deployment_ejections",
+            "Times the deployment was ejected by passive health.",
+            labels=labels,
+        )
         now = time.monotonic()
         for tier, s in self.sets.items():
             for d in s.deployments:

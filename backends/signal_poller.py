@@ -51,8 +51,9 @@ class SignalsPoller:
     @classmethod
     def for_tiers(cls, tiers: Sequence[TierConfig], settings: SignalsConfig) -> SignalsPoller:
         """A poller of the tiers that are ours to poll (backends.signal_endpoints)."""
-        return cls(polled_endpoints(tiers), settings.interval_s, settings.timeout_s,
-                   settings.stale_after_s)  # fmt: skip
+        return cls(
+            polled_endpoints(tiers), settings.interval_s, settings.timeout_s, settings.stale_after_s
+        )
 
     def __post_init__(self) -> None:
         for ep in self.endpoints:
@@ -73,8 +74,12 @@ class SignalsPoller:
         try:
             new = await self._scrape_tier(ep, state)
         except Exception as exc:  # a poll must never take the router down with it
-            new = replace(TierSignals(tier=ep.tier), status="error", time=self.clock(),
-                          detail=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            new = replace(
+                TierSignals(tier=ep.tier),
+                status="error",
+                time=self.clock(),
+                detail=f"{type(exc).__name__}: {exc}",
+            )
         if new.status != state.signals.status:
             _log_transition(ep, state.signals.status, new)
         state.signals = new
@@ -84,16 +89,23 @@ class SignalsPoller:
         resp = await self._get(ep.metrics_url) if ep.metrics_url else None
         if isinstance(resp, httpx.Response) and resp.status_code == 200:
             cur = parse_metrics(resp.text)
-            signals = derive(ep.tier, cur, state.scrape, mono - state.scraped_at,
-                             last=state.signals if state.scrape else None, now=now)  # fmt: skip
+            signals = derive(
+                ep.tier,
+                cur,
+                state.scrape,
+                mono - state.scraped_at,
+                last=state.signals if state.scrape else None,
+                now=now,
+            )
             state.scrape, state.scraped_at = cur, mono
             return signals
         ready, why = await self._ready(ep)
         if isinstance(resp, str):  # the metrics request itself failed
             return TierSignals(ep.tier, "unreachable", ready, now, detail=resp)
         if resp is not None and resp.status_code not in (404, 405):
-            return TierSignals(ep.tier, "error", ready, now,
-                               detail=f"/metrics answered {resp.status_code}")  # fmt: skip
+            return TierSignals(
+                ep.tier, "error", ready, now, detail=f"/metrics answered {resp.status_code}"
+            )
         if not ready:
             return TierSignals(ep.tier, "unreachable", False, now, detail=why)
         why = "no Prometheus /metrics; readiness from /v1/models only"
@@ -118,9 +130,7 @@ class SignalsPoller:
 
     def _fresh(self) -> dict[str, TierSignals]:
         cutoff = self.clock() - self.stale_after_s
-        return {
-            t: s for t, s in self.snapshot().items() if s.status == "ok" and s.time >= cutoff
-        }
+        return {t: s for t, s in self.snapshot().items() if s.status == "ok" and s.time >= cutoff}
 
     def load(self) -> dict[str, TierLoad]:
         """Fresh load per tier; tiers without metrics (or with stale ones) are left out."""
@@ -151,8 +161,9 @@ class SignalsPoller:
             self.client, self._own_client = None, False
 
 
-def measure_now(endpoints: list[Endpoint], interval_s: float = 2.0,
-                timeout_s: float = 2.0) -> dict[str, TierSignals]:  # fmt: skip
+def measure_now(
+    endpoints: list[Endpoint], interval_s: float = 2.0, timeout_s: float = 2.0
+) -> dict[str, TierSignals]:
     """Two polls `interval_s` apart (rates need two), for CLIs; not for use inside an event loop."""
     poller = SignalsPoller(endpoints, interval_s=interval_s, timeout_s=timeout_s)
 
@@ -171,7 +182,11 @@ def _log_transition(ep: Endpoint, old: Status, new: TierSignals) -> None:
     if new.status == "ok":
         log.info("tier %s: metrics available at %s", ep.tier, ep.metrics_url)
     elif new.status == "no_metrics":
-        log.warning("tier %s: %s has no Prometheus metrics; routing without its load signals "
-                    "(readiness from /v1/models)", ep.tier, ep.metrics_url)  # fmt: skip
+        log.warning(
+            "tier %s: %s has no Prometheus metrics; routing without its load signals "
+            "(readiness from /v1/models)",
+            ep.tier,
+            ep.metrics_url,
+        )
     else:
         log.warning("tier %s: signals %s (was %s): %s", ep.tier, new.status, old, new.detail)

@@ -22,11 +22,14 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("requests_running", "running", "Requests running on the tier's server (vLLM)."),
     ("requests_waiting", "waiting", "Requests queued on the tier's server (vLLM)."),
     ("kv_cache_usage", "kv_cache_usage", "KV-cache usage of the tier's server, 0..1 (vLLM)."),
-    ("spec_acceptance_rate", "spec_acceptance",
-     "Accepted / draft speculative tokens between the last two polls."),
+    (
+        "spec_acceptance_rate",
+        "spec_acceptance",
+        "Accepted / draft speculative tokens between the last two polls.",
+    ),
     ("ttft_seconds", "ttft_s", "Mean time to first token in the last poll window."),
     ("tpot_seconds", "tpot_s", "Mean time per output token in the last poll window."),
-)  # fmt: skip
+)
 STATES: tuple[str, ...] = get_args(Status)
 PREFIX = "cost_router_backend_"
 
@@ -55,7 +58,8 @@ def _status_families(signals: dict[str, TierSignals]) -> Iterator[GaugeMetricFam
         labels=["tier"],
     )
     state = GaugeMetricFamily(
-        PREFIX + "signals_state", "Current signals state of the tier (1 = this state).",
+        PREFIX + "signals_state",
+        "Current signals state of the tier (1 = this state).",
         labels=["tier", "state"],
     )
     for tier, s in signals.items():

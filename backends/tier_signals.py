@@ -59,8 +59,16 @@ class TierSignals:
     def numeric(self) -> dict[str, float]:
         """Flat numbers for traces and snapshots' consumers; absent values are left out."""
         out = {"ready": float(self.ready), "metrics_available": float(self.status == "ok")}
-        for name in ("running", "waiting", "kv_cache_usage", "spec_acceptance", "ttft_s",
-                     "tpot_s", "e2e_s", "generation_tokens_per_s"):  # fmt: skip
+        for name in (
+            "running",
+            "waiting",
+            "kv_cache_usage",
+            "spec_acceptance",
+            "ttft_s",
+            "tpot_s",
+            "e2e_s",
+            "generation_tokens_per_s",
+        ):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)
@@ -124,7 +132,8 @@ def derive(
         running=cur.gauge(RUNNING),
         waiting=cur.gauge(WAITING),
         kv_cache_usage=cur.gauge(*KV_CACHE),
-        generation_tokens_per_s=generated / elapsed_s if generated is not None and elapsed_s > 0
+        generation_tokens_per_s=generated / elapsed_s
+        if generated is not None and elapsed_s > 0
         else None,
         **windowed,
     )

@@ -4,7 +4,7 @@ Usage decides what a team is charged, so a value that is not a count (a string, 
 bool, a negative number) is an upstream fault: the caller counts the tokens itself instead and
 reports the fault (a metric and a log line), and never turns the value into money. Whether a
 well-formed count is plausible for the request (past its max_tokens bound) is the router's
-check, which knows the bounds (router/usage_guard.py).
+check, which knows the bounds (router/proxy/usage_guard.py).
 """
 
 from __future__ import annotations

@@ -41,8 +41,14 @@ SMALL_MODEL, LARGE_MODEL = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-p
 
 def load_prompts() -> list[dict[str, Any]]:
     with (DATA / "gsm8k_responses.csv").open(newline="", encoding="utf-8") as fh:
-        return [{"prompt": r["prompt"], "small": r[SMALL_MODEL] == "True",
-                 "large": r[LARGE_MODEL] == "True"} for r in csv.DictReader(fh)]
+        return [
+            {
+                "prompt": r["prompt"],
+                "small": r[SMALL_MODEL] == "True",
+                "large": r[LARGE_MODEL] == "True",
+            }
+            for r in csv.DictReader(fh)
+        ]
 
 
 def free_port() -> int:
@@ -53,8 +59,12 @@ def free_port() -> int:
 
 def write_config(workdir: Path, small: str, large: str, reference: Path, share: float) -> Path:
     def tier(name: str, url: str, price: tuple[float, float]) -> dict[str, Any]:
-        return {"name": name, "base_url": url, "model": f"{name}-model",
-                "price": {"input_per_mtok": price[0], "output_per_mtok": price[1]}}
+        return {
+            "name": name,
+            "base_url": url,
+            "model": f"{name}-model",
+            "price": {"input_per_mtok": price[0], "output_per_mtok": price[1]},
+        }
 
     doc = {
         "tiers": [tier("small", small, (0.6, 0.6)), tier("large", large, (10, 30))],
@@ -63,12 +73,24 @@ def write_config(workdir: Path, small: str, large: str, reference: Path, share: 
         "default_policy": "all-large",
         "policies": {
             "all-large": {"type": "fixed", "tier": "large"},
-            "routed": {"type": "threshold", "target_large_share": share,
-                       "reference_trace": str(reference), "rescore": True},
+            "routed": {
+                "type": "threshold",
+                "target_large_share": share,
+                "reference_trace": str(reference),
+                "rescore": True,
+            },
         },
-        "experiments": [{"name": "routing-ab", "unit": "user", "salt": "bench",
-                         "arms": {"control": {"policy": "all-large", "weight": 1},
-                                  "treatment": {"policy": "routed", "weight": 1}}}],
+        "experiments": [
+            {
+                "name": "routing-ab",
+                "unit": "user",
+                "salt": "bench",
+                "arms": {
+                    "control": {"policy": "all-large", "weight": 1},
+                    "treatment": {"policy": "routed", "weight": 1},
+                },
+            }
+        ],
     }
     path = workdir / "router.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -78,8 +100,20 @@ def write_config(workdir: Path, small: str, large: str, reference: Path, share: 
 def start_proxy(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "router.cli", "serve", "--config", str(config), "--port",
-             str(port)], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "router.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -106,13 +140,16 @@ def main() -> None:
     rows = load_prompts()
     rng = random.Random(a.seed)
     rng.shuffle(rows)
-    reference, traffic = rows[:400], rows[400:400 + a.requests]
+    reference, traffic = rows[:400], rows[400 : 400 + a.requests]
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ab-bench-")))
         ref_path = workdir / "reference.jsonl"
-        ref_path.write_bytes(b"".join(orjson.dumps({"id": f"ref{i}", "time": 0.0,
-                                                    "prompt": r["prompt"]}) + b"\n"
-                                      for i, r in enumerate(reference)))
+        ref_path.write_bytes(
+            b"".join(
+                orjson.dumps({"id": f"ref{i}", "time": 0.0, "prompt": r["prompt"]}) + b"\n"
+                for i, r in enumerate(reference)
+            )
+        )
         small = stack.enter_context(running_echo_upstream("--delay-ms", "5"))
         large = stack.enter_context(running_echo_upstream("--delay-ms", "40"))
         config = write_config(workdir, small, large, ref_path, a.share)
@@ -125,8 +162,11 @@ def main() -> None:
             def one(i: int) -> tuple[str, float]:
                 row = traffic[i]
                 raw = client.chat.completions.with_raw_response.create(
-                    model="auto", user=f"user-{i % a.users}",
-                    messages=[{"role": "user", "content": row["prompt"]}], max_tokens=64)
+                    model="auto",
+                    user=f"user-{i % a.users}",
+                    messages=[{"role": "user", "content": row["prompt"]}],
+                    max_tokens=64,
+                )
                 tier = raw.headers["x-router-tier"]
                 return raw.headers["x-router-request-id"], 1.0 if row[tier] else 0.0
 
@@ -136,17 +176,32 @@ def main() -> None:
             elapsed = time.perf_counter() - t0
             with httpx.Client(base_url=base, timeout=10) as http:
                 for rid, score in results:
-                    http.post("/v1/feedback", json={"request_id": rid, "score": score}
-                              ).raise_for_status()
+                    http.post(
+                        "/v1/feedback", json={"request_id": rid, "score": score}
+                    ).raise_for_status()
         finally:
             proxy.send_signal(signal.SIGTERM)  # drain: traces of the last requests are flushed
             proxy.wait(timeout=30)
-        grep = [line for line in (workdir / "proxy.log").read_text().splitlines()
-                if "target large share" in line]
+        grep = [
+            line
+            for line in (workdir / "proxy.log").read_text().splitlines()
+            if "target large share" in line
+        ]
         print(f"{len(traffic)} requests in {elapsed:.1f}s ({a.concurrency} concurrent)")
         print("\n".join(grep) + "\n")
-        cmd = [sys.executable, "-m", "router.cli", "ab", "report", "--traces",
-               str(workdir / "traces"), "--experiment", "routing-ab", "--config", str(config)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "router.cli",
+            "ab",
+            "report",
+            "--traces",
+            str(workdir / "traces"),
+            "--experiment",
+            "routing-ab",
+            "--config",
+            str(config),
+        ]
         if a.out:
             cmd += ["--out", str(a.out)]
         subprocess.run(cmd, check=True)

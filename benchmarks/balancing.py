@@ -42,8 +42,9 @@ from benchmarks.echo_upstream import running_echo_upstream  # noqa: E402
 from tests.support.proxy import ProxyThread, make_config  # noqa: E402
 
 STRATEGIES = ("least_outstanding", "weighted", "round_robin")
-BODY = json.dumps({"model": "large", "max_tokens": 8,
-                   "messages": [{"role": "user", "content": "hello there"}]}).encode()  # fmt: skip
+BODY = json.dumps(
+    {"model": "large", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}]}
+).encode()
 
 
 @dataclass
@@ -65,8 +66,9 @@ class Run:
         }
 
 
-async def load(url: str, requests: int, concurrency: int, run: Run,
-               started: asyncio.Event | None = None) -> None:  # fmt: skip
+async def load(
+    url: str, requests: int, concurrency: int, run: Run, started: asyncio.Event | None = None
+) -> None:
     """`requests` requests from `concurrency` clients in a closed loop."""
     left = iter(range(requests))
     headers = {"content-type": "application/json"}
@@ -94,13 +96,21 @@ async def load(url: str, requests: int, concurrency: int, run: Run,
         await asyncio.gather(*(client() for _ in range(concurrency)))
 
 
-def config_for(urls: list[str], strategy: str, weights: list[float], probe_s: float,
-               trace_dir: Path) -> Any:  # fmt: skip
-    deployments = [{"name": f"d{i}", "base_url": u, "weight": w}
-                   for i, (u, w) in enumerate(zip(urls, weights, strict=True))]  # fmt: skip
-    tier = {"name": "large", "model": "echo", "deployments": deployments, "timeout_s": 30,
-            "price": {"input_per_mtok": 1, "output_per_mtok": 1},
-            "balancing": {"strategy": strategy, "probe_interval_s": probe_s}}  # fmt: skip
+def config_for(
+    urls: list[str], strategy: str, weights: list[float], probe_s: float, trace_dir: Path
+) -> Any:
+    deployments = [
+        {"name": f"d{i}", "base_url": u, "weight": w}
+        for i, (u, w) in enumerate(zip(urls, weights, strict=True))
+    ]
+    tier = {
+        "name": "large",
+        "model": "echo",
+        "deployments": deployments,
+        "timeout_s": 30,
+        "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+        "balancing": {"strategy": strategy, "probe_interval_s": probe_s},
+    }
     return make_config([tier], trace_dir, traces={"path": None})
 
 
@@ -126,8 +136,9 @@ def kill_test(delays: list[str], a: argparse.Namespace) -> dict[str, Any]:
         urls = [stack.enter_context(running_echo_upstream("--delay-ms", d)) for d in delays[:-1]]
         victim = contextlib.ExitStack()
         urls.append(victim.enter_context(running_echo_upstream("--delay-ms", delays[-1])))
-        config = config_for(urls, "least_outstanding", [1.0] * len(urls), a.probe_ms / 1000,
-                            Path(tmp))  # fmt: skip
+        config = config_for(
+            urls, "least_outstanding", [1.0] * len(urls), a.probe_ms / 1000, Path(tmp)
+        )
         with ProxyThread(config) as proxy:
             status = proxy.state.backends["large"].deployments.status  # type: ignore[attr-defined]
             run = Run()
@@ -168,25 +179,35 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--weights needs one weight per deployment of --delays-ms")
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(running_echo_upstream("--delay-ms", d)) for d in delays]
-        results: dict[str, Any] = {"delays_ms": [float(d) for d in delays],
-                                   "concurrency": a.concurrency,
-                                   "strategies": strategies(urls, a, weights)}  # fmt: skip
+        results: dict[str, Any] = {
+            "delays_ms": [float(d) for d in delays],
+            "concurrency": a.concurrency,
+            "strategies": strategies(urls, a, weights),
+        }
     results["kill"] = kill_test(delays, a)
-    print(f"deployments d0..d{len(delays) - 1}, --delay-ms {a.delays_ms}; {a.requests} requests "
-          f"at concurrency {a.concurrency}")  # fmt: skip
+    print(
+        f"deployments d0..d{len(delays) - 1}, --delay-ms {a.delays_ms}; {a.requests} requests "
+        f"at concurrency {a.concurrency}"
+    )
     # Clients, router and upstreams share this process's CPU: in a closed loop the latencies
     # trade against throughput, so both are printed.
-    print(f"{'strategy':<18} {'share per deployment':<36} {'req/s':>7} {'p50 ms':>7} "
-          f"{'p95 ms':>7} errors")  # fmt: skip
+    print(
+        f"{'strategy':<18} {'share per deployment':<36} {'req/s':>7} {'p50 ms':>7} "
+        f"{'p95 ms':>7} errors"
+    )
     for name, r in results["strategies"].items():
         share = " ".join(f"{k}={v:.3f}" for k, v in r["share"].items())
-        print(f"{name:<18} {share:<36} {r['req_per_s']:>7} {r['p50_ms']:>7} {r['p95_ms']:>7} "
-              f"{r['errors']:>6}")  # fmt: skip
+        print(
+            f"{name:<18} {share:<36} {r['req_per_s']:>7} {r['p50_ms']:>7} {r['p95_ms']:>7} "
+            f"{r['errors']:>6}"
+        )
     k = results["kill"]
-    print(f"kill d{len(delays) - 1} after {a.requests // 4} requests (probes every "
-          f"{a.probe_ms:.0f} ms): ejected after {k.get('ms_to_ejection')} ms and "
-          f"{k.get('requests_to_ejection')} requests; {k['errors']} errors of {k['requests']}; "
-          f"share over the run {k['share']}")  # fmt: skip
+    print(
+        f"kill d{len(delays) - 1} after {a.requests // 4} requests (probes every "
+        f"{a.probe_ms:.0f} ms): ejected after {k.get('ms_to_ejection')} ms and "
+        f"{k.get('requests_to_ejection')} requests; {k['errors']} errors of {k['requests']}; "
+        f"share over the run {k['share']}"
+    )
     if a.json:
         a.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -33,8 +33,12 @@ def percentile(values: list[float], q: float) -> float:
 async def measure(
     store: BudgetStore, requests: int, concurrency: int, check: str
 ) -> tuple[list[float], float]:
-    scope = BudgetScope("bench", "k1", BudgetLimit(limit_usd=1e6, period="monthly", rpm=10**9),
-                        BudgetLimit(limit_usd=1e5, period="daily"))
+    scope = BudgetScope(
+        "bench",
+        "k1",
+        BudgetLimit(limit_usd=1e6, period="monthly", rpm=10**9),
+        BudgetLimit(limit_usd=1e5, period="daily"),
+    )
     samples: list[float] = []
     sem = asyncio.Semaphore(concurrency)
 
@@ -63,7 +67,7 @@ async def measure(
 async def cleanup(store: RedisBudgetStore) -> None:
     keys = [k async for k in store.redis.scan_iter(match=f"{store.prefix}:*", count=1000)]
     for i in range(0, len(keys), 500):
-        await store.redis.delete(*keys[i: i + 500])
+        await store.redis.delete(*keys[i : i + 500])
 
 
 async def main() -> None:
@@ -74,22 +78,39 @@ async def main() -> None:
     a = ap.parse_args()
     load = os.getloadavg()[0]
     rows = []
-    plan = [("memory", "reserve"), ("memory", "reserve+settle"), ("redis", "2 x PING"),
-            ("redis", "reserve"), ("redis", "reserve+settle")]
+    plan = [
+        ("memory", "reserve"),
+        ("memory", "reserve+settle"),
+        ("redis", "2 x PING"),
+        ("redis", "reserve"),
+        ("redis", "reserve+settle"),
+    ]
     for conc in a.concurrency:
         for kind, check in plan:
             if kind == "redis":
-                store: BudgetStore = RedisBudgetStore(BudgetsConfig(
-                    store="redis", redis_url=a.redis_url,
-                    key_prefix=f"bench-{uuid.uuid4().hex[:8]}"))
+                store: BudgetStore = RedisBudgetStore(
+                    BudgetsConfig(
+                        store="redis",
+                        redis_url=a.redis_url,
+                        key_prefix=f"bench-{uuid.uuid4().hex[:8]}",
+                    )
+                )
             else:
                 store = InMemoryBudgetStore(120)
             samples, wall = await measure(store, a.requests, conc, check)
             if isinstance(store, RedisBudgetStore):
                 await cleanup(store)
             await store.aclose()
-            rows.append((kind, check, conc, statistics.median(samples),
-                         percentile(samples, 0.99), a.requests / wall))
+            rows.append(
+                (
+                    kind,
+                    check,
+                    conc,
+                    statistics.median(samples),
+                    percentile(samples, 0.99),
+                    a.requests / wall,
+                )
+            )
     print(f"load average before the run: {load:.2f} on {os.cpu_count()} CPUs")
     print(f"{'store':<7} {'check':<20} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'checks/s':>9}")
     for kind, check, conc, p50, p99, rate in rows:

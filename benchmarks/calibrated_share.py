@@ -77,9 +77,9 @@ def traffic(n: int, seed: int) -> tuple[dict[str, list[str]], list[str]]:
     half = n // 2
     streams = {
         "chat": [chat[i] for i in c[:n]],
-        "switch": [bench[i] for i in b[:half]] + [chat[i] for i in c[n: n + half]],
+        "switch": [bench[i] for i in b[:half]] + [chat[i] for i in c[n : n + half]],
     }
-    return streams, [bench[i] for i in b[half: half + 2000]]
+    return streams, [bench[i] for i in b[half : half + 2000]]
 
 
 def windows(large: np.ndarray) -> np.ndarray:
@@ -102,30 +102,37 @@ def report(name: str, large: np.ndarray, target: float, switch_at: int | None) -
     shares = windows(large)
     print(f"  {name:<22} " + " ".join(f"{100 * s:4.1f}" for s in shares))
     w = warmup(shares, target)
-    late = np.abs(shares[1000 // WINDOW:] - target) <= TOLERANCE
-    parts = [f"within 5 points after 1,000 requests: {late.sum()}/{len(late)} windows",
-             f"warm-up {w} requests" if w is not None else "never settled"]
+    late = np.abs(shares[1000 // WINDOW :] - target) <= TOLERANCE
+    parts = [
+        f"within 5 points after 1,000 requests: {late.sum()}/{len(late)} windows",
+        f"warm-up {w} requests" if w is not None else "never settled",
+    ]
     if w is not None:
-        worst = np.abs(shares[w // WINDOW:] - target).max()
+        worst = np.abs(shares[w // WINDOW :] - target).max()
         parts.append(f"then max |share - target| {100 * worst:.1f} pt")
     if switch_at is not None:
         a = warmup(shares, target, switch_at)
-        parts.append(f"after the switch: re-settled in {a} requests" if a is not None
-                     else "after the switch: not re-settled")
+        parts.append(
+            f"after the switch: re-settled in {a} requests"
+            if a is not None
+            else "after the switch: not re-settled"
+        )
         parts.append(f"window after the switch {100 * shares[switch_at // WINDOW]:.1f}%")
     print(f"  {'':<22} " + "; ".join(parts))
 
 
 def offline(scores: np.ndarray, start: float, target: float) -> np.ndarray:
     settings = CalibrationSettings(target, start, CalibrateParams(), "benchmark")
-    policy = CalibratingPolicy(ThresholdPolicy("cal", "small", "large", start),
-                               Calibrator("cal", settings))
+    policy = CalibratingPolicy(
+        ThresholdPolicy("cal", "small", "large", start), Calibrator("cal", settings)
+    )
     return replay_decisions(policy, scores, replicas=2).tier_idx == 1
 
 
 @contextlib.contextmanager
-def replicas(tmp: Path, echo: str, redis_url: str, prefix: str, start: float,
-             target: float) -> Iterator[list[str]]:
+def replicas(
+    tmp: Path, echo: str, redis_url: str, prefix: str, start: float, target: float
+) -> Iterator[list[str]]:
     price = {"input_per_mtok": 1.0, "output_per_mtok": 1.0}
     urls = []
     with contextlib.ExitStack() as stack:
@@ -134,24 +141,42 @@ def replicas(tmp: Path, echo: str, redis_url: str, prefix: str, start: float,
             cfg = {
                 "server": {"port": port},
                 "tiers": [
-                    {"name": "small", "base_url": echo, "model": "echo", "price": price,
-                     "max_inflight": 1024},
-                    {"name": "large", "base_url": echo, "model": "echo",
-                     "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0},
-                     "max_inflight": 1024},
+                    {
+                        "name": "small",
+                        "base_url": echo,
+                        "model": "echo",
+                        "price": price,
+                        "max_inflight": 1024,
+                    },
+                    {
+                        "name": "large",
+                        "base_url": echo,
+                        "model": "echo",
+                        "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0},
+                        "max_inflight": 1024,
+                    },
                 ],
                 "default_policy": "cal",
-                "policies": {"cal": {"type": "threshold", "target_large_share": target,
-                                     "calibrate": {"start_threshold": start}}},
+                "policies": {
+                    "cal": {
+                        "type": "threshold",
+                        "target_large_share": target,
+                        "calibrate": {"start_threshold": start},
+                    }
+                },
                 "budgets": {"store": "redis", "redis_url": redis_url, "key_prefix": prefix},
                 "traces": {"path": None},
                 "signals": {"enabled": False},
-            }  # fmt: skip
+            }
             path = tmp / f"router-{i}.yaml"
             path.write_text(yaml.safe_dump(cfg))
-            stack.enter_context(process(
-                [sys.executable, "-m", "router.cli", "serve", "--config", str(path)],
-                f"http://127.0.0.1:{port}/healthz", tmp / f"router-{i}.log"))  # fmt: skip
+            stack.enter_context(
+                process(
+                    [sys.executable, "-m", "router.cli", "serve", "--config", str(path)],
+                    f"http://127.0.0.1:{port}/healthz",
+                    tmp / f"router-{i}.log",
+                )
+            )
             urls.append(f"http://127.0.0.1:{port}")
         yield urls
 
@@ -163,9 +188,14 @@ async def send(urls: list[str], texts: list[str], concurrency: int) -> np.ndarra
 
         async def one(i: int) -> None:
             async with gate:
-                r = await client.post(f"{urls[i % len(urls)]}/v1/chat/completions", json={
-                    "model": "auto", "max_tokens": 4,
-                    "messages": [{"role": "user", "content": texts[i]}]})
+                r = await client.post(
+                    f"{urls[i % len(urls)]}/v1/chat/completions",
+                    json={
+                        "model": "auto",
+                        "max_tokens": 4,
+                        "messages": [{"role": "user", "content": texts[i]}],
+                    },
+                )
                 r.raise_for_status()
                 large[i] = r.headers["x-router-tier"] == "large"
 
@@ -193,32 +223,39 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--offline-only", action="store_true")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--seeds", type=int, default=0,
-                        help="also replay offline over this many seeds and sum up")
+    parser.add_argument(
+        "--seeds", type=int, default=0, help="also replay offline over this many seeds and sum up"
+    )
     args = parser.parse_args()
     streams, reference = traffic(args.n, args.seed)
     scorer = DifficultyScorer.load(None)
     start = float(np.quantile(scorer.score_texts(reference), 1 - args.target))
-    print(f"start threshold {start:.4f} (sends {args.target:.0%} of {len(reference)} benchmark "
-          f"prompts large); target {args.target:.0%}; windows of {WINDOW} requests, large %")
+    print(
+        f"start threshold {start:.4f} (sends {args.target:.0%} of {len(reference)} benchmark "
+        f"prompts large); target {args.target:.0%}; windows of {WINDOW} requests, large %"
+    )
     for name, texts in streams.items():
         switch_at = len(texts) // 2 if name == "switch" else None
         scores = scorer.score_texts(texts)
-        print(f"{name}: {len(texts)} requests" + (f", chat from request {switch_at}"
-                                                    if switch_at else ""))
+        print(
+            f"{name}: {len(texts)} requests"
+            + (f", chat from request {switch_at}" if switch_at else "")
+        )
         report("fixed threshold", scores >= start, args.target, switch_at)
         # The noise floor: each part's own (1 - target) quantile, known only in hindsight.
         parts = np.split(scores, [switch_at] if switch_at else [])
         oracle = np.concatenate([p >= np.quantile(p, 1 - args.target) for p in parts])
         report("hindsight quantile", oracle, args.target, switch_at)
-        report("offline (2 replicas)", offline(scores, start, args.target), args.target,
-               switch_at)
+        report("offline (2 replicas)", offline(scores, start, args.target), args.target, switch_at)
         if args.offline_only:
             continue
         prefix = random_prefix()
         try:
-            with tempfile.TemporaryDirectory() as tmp, running_echo_upstream() as echo, \
-                    replicas(Path(tmp), echo, args.redis_url, prefix, start, args.target) as urls:
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                running_echo_upstream() as echo,
+                replicas(Path(tmp), echo, args.redis_url, prefix, start, args.target) as urls,
+            ):
                 large = asyncio.run(send(urls, texts, args.concurrency))
                 report("live (2 replicas)", large, args.target, switch_at)
                 print(f"  {'':<22} gauges: " + "; ".join(str(gauges(u)) for u in urls))
@@ -238,22 +275,30 @@ def seeds_summary(scorer: DifficultyScorer, n: int, target: float, seeds: int) -
         rng = np.random.default_rng(seed)
         b, c = rng.permutation(bench), rng.permutation(chat)
         half = n // 2
-        start = float(np.quantile(b[half: half + 2000], 1 - target))
-        for name, scores, cut in (("chat", c[:n], None),
-                                  ("switch", np.concatenate([b[:half], c[n: n + half]]), half)):
+        start = float(np.quantile(b[half : half + 2000], 1 - target))
+        for name, scores, cut in (
+            ("chat", c[:n], None),
+            ("switch", np.concatenate([b[:half], c[n : n + half]]), half),
+        ):
             parts = np.split(scores, [cut] if cut else [])
-            rows = {"calibrated": offline(scores, start, target),
-                    "hindsight": np.concatenate([p >= np.quantile(p, 1 - target)
-                                                 for p in parts])}
+            rows = {
+                "calibrated": offline(scores, start, target),
+                "hindsight": np.concatenate([p >= np.quantile(p, 1 - target) for p in parts]),
+            }
             for mode, large in rows.items():
                 shares = windows(large)
-                keep = [i for i in range(1000 // WINDOW, len(shares))
-                        if not (cut and cut // WINDOW <= i < (cut + 1000) // WINDOW)]
+                keep = [
+                    i
+                    for i in range(1000 // WINDOW, len(shares))
+                    if not (cut and cut // WINDOW <= i < (cut + 1000) // WINDOW)
+                ]
                 ok = int(np.sum(np.abs(shares[keep] - target) <= TOLERANCE))
                 t = tally.setdefault(f"{name} {mode}", [0, 0])
                 t[0], t[1] = t[0] + ok, t[1] + len(keep)
-    print(f"over {seeds} seeds, windows after the warm-up (1,000 requests; for switch also the "
-          "1,000 after the switch) within 5 points:")
+    print(
+        f"over {seeds} seeds, windows after the warm-up (1,000 requests; for switch also the "
+        "1,000 after the switch) within 5 points:"
+    )
     for key, (ok, total) in tally.items():
         print(f"  {key:<22} {ok}/{total} ({ok / total:.1%})")
 

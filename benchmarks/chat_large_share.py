@@ -59,8 +59,10 @@ def main() -> None:
     prompts = [every[i] for i in pick]
     scores = scorer.score_texts(prompts)
     default = scorer.metadata.get("default_threshold")
-    print(f"{scorer.path}: {len(prompts)} of {len(every)} ShareGPT first user turns (seed "
-          f"{args.seed})")
+    print(
+        f"{scorer.path}: {len(prompts)} of {len(every)} ShareGPT first user turns (seed "
+        f"{args.seed})"
+    )
     rows = [("default", float(default))] if default is not None else []
     rows += [("given", t) for t in args.threshold]
     for name, threshold in rows:

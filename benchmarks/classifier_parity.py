@@ -42,8 +42,10 @@ def main() -> None:
     sk_scores = predict_scores(pipeline, frame(dataset.prompts))
     diff = np.abs(onnx_scores - sk_scores)
     print(f"rebuilt model byte-identical to shipped: {identical}")
-    print(f"prompts compared: {len(diff)}; max |onnx - sklearn| = {diff.max():.3g}; "
-          f"over 1e-5: {(diff > 1e-5).sum()}")
+    print(
+        f"prompts compared: {len(diff)}; max |onnx - sklearn| = {diff.max():.3g}; "
+        f"over 1e-5: {(diff > 1e-5).sum()}"
+    )
 
 
 if __name__ == "__main__":

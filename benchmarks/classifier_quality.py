@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
-        "--prior-weight", type=float, default=None,
+        "--prior-weight",
+        type=float,
+        default=None,
         help="override TrainConfig.prior_weight (0: no source prior, the previous recipe)",
     )
     args = parser.parse_args()
@@ -87,8 +89,10 @@ def main() -> None:
                 cells.append(f"{str(est):>24s}")
             print(f"{name:10s} {router:22s} " + " ".join(cells))
     print_calibration(ours, small, large)
-    print(f"\nrows: {len(rows)} (contaminated excluded: {dataset.excluded_contaminated}); "
-          f"config: {config.as_dict()}; CV time {cv_s:.0f} s")
+    print(
+        f"\nrows: {len(rows)} (contaminated excluded: {dataset.excluded_contaminated}); "
+        f"config: {config.as_dict()}; CV time {cv_s:.0f} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

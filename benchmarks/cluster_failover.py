@@ -73,8 +73,13 @@ def pick_teams(cluster: RunningCluster, per_master: int) -> list[str]:
     raise RuntimeError("could not spread teams over the masters")
 
 
-async def worker(store: RedisClusterBudgetStore, scopes: list[BudgetScope], tally: Tally,
-                 stop_at: float, rng: random.Random) -> None:
+async def worker(
+    store: RedisClusterBudgetStore,
+    scopes: list[BudgetScope],
+    tally: Tally,
+    stop_at: float,
+    rng: random.Random,
+) -> None:
     while time.monotonic() < stop_at:
         scope = rng.choice(scopes)
         rid = uuid.uuid4().hex
@@ -105,8 +110,9 @@ def ballast(node: Any, team: str, megabytes: int) -> None:
             client.set(f"ballast:{{{team}}}:{i}", b"x" * 1_000_000)
 
 
-def analyse(cluster: RunningCluster, prefix: str, teams: list[str], limit_usd: float,
-            tally: Tally) -> dict[str, Any]:
+def analyse(
+    cluster: RunningCluster, prefix: str, teams: list[str], limit_usd: float, tally: Tally
+) -> dict[str, Any]:
     client = cluster.client()
     ledger_rids: dict[str, tuple[str, int]] = {}
     over_limit = []
@@ -130,8 +136,11 @@ def analyse(cluster: RunningCluster, prefix: str, teams: list[str], limit_usd: f
     told_by_team: dict[str, int] = {}
     for rid, nanos in tally.told.items():
         told_by_team[tally.team_of[rid]] = told_by_team.get(tally.team_of[rid], 0) + nanos
-    told_over = [(t, nanos_to_usd(n - usd_to_nanos(limit_usd))) for t, n in
-                 sorted(told_by_team.items()) if n > usd_to_nanos(limit_usd)]
+    told_over = [
+        (t, nanos_to_usd(n - usd_to_nanos(limit_usd)))
+        for t, n in sorted(told_by_team.items())
+        if n > usd_to_nanos(limit_usd)
+    ]
     lost_deferred = [rid for rid in tally.deferred if rid not in ledger_rids]
     direct = [rid for rid, (kind, _) in ledger_rids.items() if kind == "direct"]
     lat = sorted(tally.latencies)
@@ -154,12 +163,20 @@ def analyse(cluster: RunningCluster, prefix: str, teams: list[str], limit_usd: f
     }
 
 
-async def run_once(cluster: RunningCluster, wait_replicas: int, args: argparse.Namespace,
-                   teams: list[str]) -> dict[str, Any]:
+async def run_once(
+    cluster: RunningCluster, wait_replicas: int, args: argparse.Namespace, teams: list[str]
+) -> dict[str, Any]:
     prefix = "bench-" + uuid.uuid4().hex[:8]
-    cfg = BudgetsConfig(store="redis-cluster", redis_url=cluster.url, key_prefix=prefix,
-                        redis_timeout_s=0.5, fail_mode="closed", sweep_interval_s=1,
-                        redis_wait_replicas=wait_replicas, redis_wait_timeout_ms=100)
+    cfg = BudgetsConfig(
+        store="redis-cluster",
+        redis_url=cluster.url,
+        key_prefix=prefix,
+        redis_timeout_s=0.5,
+        fail_mode="closed",
+        sweep_interval_s=1,
+        redis_wait_replicas=wait_replicas,
+        redis_wait_timeout_ms=100,
+    )
     store = RedisClusterBudgetStore(cfg)
     await store.start()
     limit = BudgetLimit(limit_usd=args.limit_usd, period="total")
@@ -169,9 +186,10 @@ async def run_once(cluster: RunningCluster, wait_replicas: int, args: argparse.N
     victim = cluster.master_of_slot(key_slot(teams[0].encode()))
     start = time.monotonic()
     stop_at = start + args.seconds
-    workers = [asyncio.create_task(worker(store, scopes, tally, stop_at,
-                                          random.Random(rng.random())))
-               for _ in range(args.concurrency)]
+    workers = [
+        asyncio.create_task(worker(store, scopes, tally, stop_at, random.Random(rng.random())))
+        for _ in range(args.concurrency)
+    ]
     replica = cluster.replica_of(victim)
     if args.lag_replica_s:
         await asyncio.sleep(args.kill_at - args.lag_replica_s)
@@ -198,8 +216,13 @@ async def run_once(cluster: RunningCluster, wait_replicas: int, args: argparse.N
     unreplicated = store.unreplicated
     await store.aclose()
     out = analyse(cluster, prefix, teams, args.limit_usd, tally)
-    out.update({"wait_replicas": wait_replicas, "failover_s": round(failover_s, 2),
-                "unreplicated_writes": unreplicated})
+    out.update(
+        {
+            "wait_replicas": wait_replicas,
+            "failover_s": round(failover_s, 2),
+            "unreplicated_writes": unreplicated,
+        }
+    )
     return out
 
 
@@ -210,17 +233,33 @@ def main() -> None:
     ap.add_argument("--kill-at", type=float, default=3.0)
     ap.add_argument("--limit-usd", type=float, default=5.0, help="per team, period total")
     ap.add_argument("--teams-per-master", type=int, default=2)
-    ap.add_argument("--lag-replica-s", type=float, default=0.0,
-                    help="SIGSTOP the victim's replica this long before the kill (a replica "
-                    "behind its master, as across a slow or partitioned link)")
-    ap.add_argument("--ballast-mb", type=int, default=32,
-                    help="with --lag-replica-s: MB written to the victim while its replica is "
-                    "stopped")
-    ap.add_argument("--no-restart", dest="restart", action="store_false",
-                    help="leave the killed master down (with --wait 1 its team then stays "
-                    "unavailable: its new master has no replica to confirm writes)")
-    ap.add_argument("--wait", type=int, nargs="+", default=[0, 1],
-                    help="budgets.redis_wait_replicas values to run (one fresh cluster each)")
+    ap.add_argument(
+        "--lag-replica-s",
+        type=float,
+        default=0.0,
+        help="SIGSTOP the victim's replica this long before the kill (a replica "
+        "behind its master, as across a slow or partitioned link)",
+    )
+    ap.add_argument(
+        "--ballast-mb",
+        type=int,
+        default=32,
+        help="with --lag-replica-s: MB written to the victim while its replica is stopped",
+    )
+    ap.add_argument(
+        "--no-restart",
+        dest="restart",
+        action="store_false",
+        help="leave the killed master down (with --wait 1 its team then stays "
+        "unavailable: its new master has no replica to confirm writes)",
+    )
+    ap.add_argument(
+        "--wait",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="budgets.redis_wait_replicas values to run (one fresh cluster each)",
+    )
     args = ap.parse_args()
     # The store logs every refused request and journaled charge of the outage; counted instead.
     logging.basicConfig(level=logging.CRITICAL)

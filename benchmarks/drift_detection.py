@@ -76,8 +76,10 @@ def load_pools(sharegpt_n: int, cache: Path | None) -> tuple[Pool, Pool, Pool]:
     """GSM8K, MMLU and ShareGPT pools, scored once (cached in `cache` when given)."""
     if cache is not None and cache.exists():
         z = np.load(cache)
-        return tuple(Pool(z[f"{k}_s"], z[f"{k}_small"], z[f"{k}_large"])  # type: ignore[return-value]
-                     for k in ("gsm8k", "mmlu", "chat"))
+        return tuple(
+            Pool(z[f"{k}_s"], z[f"{k}_small"], z[f"{k}_large"])  # type: ignore[return-value]
+            for k in ("gsm8k", "mmlu", "chat")
+        )
     data = load_dataset(routellm_data_dir())
     scorer = DifficultyScorer.load(None)
     scores = scorer.score_texts(data.prompts)
@@ -92,8 +94,14 @@ def load_pools(sharegpt_n: int, cache: Path | None) -> tuple[Pool, Pool, Pool]:
     nan = np.full(len(chat_scores), np.nan)
     pools["chat"] = Pool(chat_scores, nan, nan)
     if cache is not None:
-        np.savez(cache, **{f"{k}_{f}": getattr(p, a) for k, p in pools.items()
-                           for f, a in (("s", "scores"), ("small", "small"), ("large", "large"))})
+        np.savez(
+            cache,
+            **{
+                f"{k}_{f}": getattr(p, a)
+                for k, p in pools.items()
+                for f, a in (("s", "scores"), ("small", "small"), ("large", "large"))
+            },
+        )
     return pools["gsm8k"], pools["mmlu"], pools["chat"]
 
 
@@ -110,8 +118,16 @@ def logit_shift(scores: np.ndarray, shift: float) -> np.ndarray:
     return 1 / (1 + np.exp(-(np.log(s / (1 - s)) + shift)))
 
 
-def replay(before: Mix, sc: Scenario | None, shift_at: int, total: int, per_hour: int,
-           label_rate: float, threshold: float, seed: int) -> list[DriftBatch]:
+def replay(
+    before: Mix,
+    sc: Scenario | None,
+    shift_at: int,
+    total: int,
+    per_hour: int,
+    label_rate: float,
+    threshold: float,
+    seed: int,
+) -> list[DriftBatch]:
     """Hourly batches of `total` requests; from request `shift_at`, the scenario's traffic."""
     rng = np.random.default_rng(seed)
     out = []
@@ -122,8 +138,11 @@ def replay(before: Mix, sc: Scenario | None, shift_at: int, total: int, per_hour
         scores, small, large = before.draw(rng, n)
         if sc is not None and post.any():
             s2, sm2, lg2 = sc.after.draw(rng, n)
-            scores, small, large = (np.where(post, s2, scores), np.where(post, sm2, small),
-                                    np.where(post, lg2, large))
+            scores, small, large = (
+                np.where(post, s2, scores),
+                np.where(post, sm2, small),
+                np.where(post, lg2, large),
+            )
             if sc.logit_shift:
                 scores = np.where(post, logit_shift(scores, sc.logit_shift), scores)
             if sc.degrade:
@@ -135,25 +154,38 @@ def replay(before: Mix, sc: Scenario | None, shift_at: int, total: int, per_hour
         go_large = scores >= threshold
         labelled = (rng.random(n) < label_rate) & ~np.isnan(small) & ~np.isnan(large)
         routed = np.where(go_large, large, small)
-        out.append(DriftBatch(
-            time=T0 + index * (3600.0 / per_hour), score=scores, tiered=np.ones(n, bool),
-            large=go_large, cost=np.full(n, np.nan),
-            routed_outcome=np.where(labelled, routed, np.nan),
-            large_outcome=np.where(labelled, large, np.nan), error=np.zeros(n, bool),
-        ))
+        out.append(
+            DriftBatch(
+                time=T0 + index * (3600.0 / per_hour),
+                score=scores,
+                tiered=np.ones(n, bool),
+                large=go_large,
+                cost=np.full(n, np.nan),
+                routed_outcome=np.where(labelled, routed, np.nan),
+                large_outcome=np.where(labelled, large, np.nan),
+                error=np.zeros(n, bool),
+            )
+        )
     return out
 
 
-def run(batches: list[DriftBatch], window: str, ref: ScoreReference, threshold: float,
-        target: float, limits: DriftLimits) -> DriftReport:
+def run(
+    batches: list[DriftBatch],
+    window: str,
+    ref: ScoreReference,
+    threshold: float,
+    target: float,
+    limits: DriftLimits,
+) -> DriftReport:
     acc = DriftAccumulator(window, ref, threshold, target, limits)
     for b in batches:
         acc.add(b)
     return acc.report()
 
 
-def detections(rep: DriftReport, shift_at: int, per_hour: int, width: float
-               ) -> tuple[dict[str, int], int]:
+def detections(
+    rep: DriftReport, shift_at: int, per_hour: int, width: float
+) -> tuple[dict[str, int], int]:
     """({detector: delay in requests of its first alarm after the shift}, alarms before it)."""
     shift_time = T0 + shift_at * 3600.0 / per_hour
     first: dict[str, int] = {}
@@ -199,8 +231,10 @@ def main() -> None:
 
     started = time.perf_counter()
     gsm, mmlu, chat = load_pools(args.sharegpt_n, args.cache)
-    print(f"pools: {len(gsm.scores)} GSM8K, {len(mmlu.scores)} MMLU, {len(chat.scores)} ShareGPT "
-          f"prompts, scored in {time.perf_counter() - started:.1f} s")
+    print(
+        f"pools: {len(gsm.scores)} GSM8K, {len(mmlu.scores)} MMLU, {len(chat.scores)} ShareGPT "
+        f"prompts, scored in {time.perf_counter() - started:.1f} s"
+    )
     stationary = Mix([gsm, mmlu], [0.1, 0.9])
     ref_scores, ref_small, ref_large = stationary.draw(np.random.default_rng(12345), 20_000)
     ref = ScoreReference.from_scores(ref_scores, "stationary sample (20,000)")
@@ -208,12 +242,15 @@ def main() -> None:
     target = float(np.mean(ref_scores >= threshold))
     routed = np.where(ref_scores >= threshold, ref_large, ref_small)
     retained0 = float(routed.mean() / ref_large.mean())
-    limits = DriftLimits(requests_per_hour=args.per_hour,
-                         quality_limit=retained0 - args.quality_margin)
+    limits = DriftLimits(
+        requests_per_hour=args.per_hour, quality_limit=retained0 - args.quality_margin
+    )
     width = WINDOWS[args.window]
-    print(f"threshold {threshold:.4f} sends {target:.1%} large on the reference; stationary "
-          f"quality retained {retained0:.3f}, limit {limits.quality_limit:.3f}; window "
-          f"{args.window}, label rate {args.label_rate:.0%}")
+    print(
+        f"threshold {threshold:.4f} sends {target:.1%} large on the reference; stationary "
+        f"quality retained {retained0:.3f}, limit {limits.quality_limit:.3f}; window "
+        f"{args.window}, label rate {args.label_rate:.0%}"
+    )
 
     scenarios = [
         Scenario("a1 topic: benchmark -> ShareGPT chat", Mix([chat], [1.0])),
@@ -223,21 +260,32 @@ def main() -> None:
     ]
     shift_at = args.before_hours * args.per_hour
     total = shift_at + args.after_hours * args.per_hour
-    results: dict[str, object] = {"threshold": threshold, "target": target,
-                                  "retained0": retained0, "limits": limits.model_dump(),
-                                  "window": args.window, "scenarios": {}}
-    print(f"\n{'scenario':40} {'first alarm, requests after the shift':38} "
-          f"{'first detector':16} missed  pre-shift  "
-          + "  ".join(f"{k + ' alone':26}" for k in DETECTORS))
+    results: dict[str, object] = {
+        "threshold": threshold,
+        "target": target,
+        "retained0": retained0,
+        "limits": limits.model_dump(),
+        "window": args.window,
+        "scenarios": {},
+    }
+    print(
+        f"\n{'scenario':40} {'first alarm, requests after the shift':38} "
+        f"{'first detector':16} missed  pre-shift  "
+        + "  ".join(f"{k + ' alone':26}" for k in DETECTORS)
+    )
     for sc in scenarios:
         delays, kinds, missed, pre = [], [], 0, 0
         per_kind: dict[str, list[int]] = {k: [] for k in DETECTORS}
         for seed in range(args.seeds):
-            batches = replay(stationary, sc, shift_at, total, args.per_hour, args.label_rate,
-                             threshold, seed)
+            batches = replay(
+                stationary, sc, shift_at, total, args.per_hour, args.label_rate, threshold, seed
+            )
             first, before = detections(
-                run(batches, args.window, ref, threshold, target, limits), shift_at,
-                args.per_hour, width)
+                run(batches, args.window, ref, threshold, target, limits),
+                shift_at,
+                args.per_hour,
+                width,
+            )
             pre += before
             for kind, delay in first.items():
                 per_kind[kind].append(delay)
@@ -248,29 +296,56 @@ def main() -> None:
             delays.append(first[kind])
             kinds.append(kind)
         common = max(set(kinds), key=kinds.count) if kinds else "-"
-        print(f"{sc.name:40} {_span(delays) + ' (median [min, max])':38} {common:16} "
-              f"{missed:6} {pre:9}  "
-              + "  ".join(f"{_span(per_kind[k]):26}" for k in DETECTORS))
+        print(
+            f"{sc.name:40} {_span(delays) + ' (median [min, max])':38} {common:16} "
+            f"{missed:6} {pre:9}  " + "  ".join(f"{_span(per_kind[k]):26}" for k in DETECTORS)
+        )
         results["scenarios"][sc.name] = {  # type: ignore[index]
-            "delays": delays, "detectors": kinds, "missed": missed, "pre_shift_alarms": pre,
-            "per_detector_delays": per_kind}
+            "delays": delays,
+            "detectors": kinds,
+            "missed": missed,
+            "pre_shift_alarms": pre,
+            "per_detector_delays": per_kind,
+        }
 
     fa_total = int(args.fa_days * 24 * args.per_hour)
     alarms, reasons = 0, []
     for seed in range(args.fa_seeds):
-        rep = run(replay(stationary, None, 0, fa_total, args.per_hour, args.label_rate,
-                         threshold, 10_000 + seed), args.window, ref, threshold, target, limits)
+        rep = run(
+            replay(
+                stationary,
+                None,
+                0,
+                fa_total,
+                args.per_hour,
+                args.label_rate,
+                threshold,
+                10_000 + seed,
+            ),
+            args.window,
+            ref,
+            threshold,
+            target,
+            limits,
+        )
         alarms += len(rep.flagged)
-        reasons += [next(k for k in DETECTORS if f.startswith(k)) for w in rep.flagged
-                    for f in w.flags]
+        reasons += [
+            next(k for k in DETECTORS if f.startswith(k)) for w in rep.flagged for f in w.flags
+        ]
     days = args.fa_seeds * args.fa_days
     rate = alarms / days * 30
-    print(f"\nstationary: {alarms} flagged windows in {args.fa_seeds} replays x {args.fa_days:g} "
-          f"days ({days:g} simulated days at {args.per_hour}/h): {rate:.2f} false alarms per 30 "
-          f"days (target <= 1){'; reasons: ' + ', '.join(sorted(set(reasons))) if reasons else ''}")
+    print(
+        f"\nstationary: {alarms} flagged windows in {args.fa_seeds} replays x {args.fa_days:g} "
+        f"days ({days:g} simulated days at {args.per_hour}/h): {rate:.2f} false alarms per 30 "
+        f"days (target <= 1){'; reasons: ' + ', '.join(sorted(set(reasons))) if reasons else ''}"
+    )
     print(f"total {time.perf_counter() - started:.0f} s")
-    results["false_alarms"] = {"flagged_windows": alarms, "simulated_days": days,
-                               "per_30_days": rate, "reasons": reasons}
+    results["false_alarms"] = {
+        "flagged_windows": alarms,
+        "simulated_days": days,
+        "per_30_days": rate,
+        "reasons": reasons,
+    }
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -55,34 +55,63 @@ def write_dataset(root: Path, days: int, per_day: int, seed: int = 0) -> int:
                 labelled = rng.random(n) < 0.02
                 small_q = np.where(labelled, (rng.random(n) < 0.78), np.nan).astype(np.float32)
                 large_q = np.where(labelled, (rng.random(n) < 0.8), np.nan).astype(np.float32)
-                writer.write_table(pa.table({
-                    "time": T0 + d * 86_400 + chunk * (86_400 / per_day),
-                    "score": score,
-                    "tier": pa.DictionaryArray.from_arrays(pa.array(large.astype(np.int8)), tiers),
-                    "cost_usd": np.where(large, 0.004, 0.0003),
-                    "policy": pa.DictionaryArray.from_arrays(
-                        pa.array(np.zeros(n, np.int8)), pa.array(["balanced"])),
-                    "status": np.full(n, 200, np.int16),
-                    "outcome_small": small_q,
-                    "outcome_large": large_q,
-                }, schema=_schema()))
+                writer.write_table(
+                    pa.table(
+                        {
+                            "time": T0 + d * 86_400 + chunk * (86_400 / per_day),
+                            "score": score,
+                            "tier": pa.DictionaryArray.from_arrays(
+                                pa.array(large.astype(np.int8)), tiers
+                            ),
+                            "cost_usd": np.where(large, 0.004, 0.0003),
+                            "policy": pa.DictionaryArray.from_arrays(
+                                pa.array(np.zeros(n, np.int8)), pa.array(["balanced"])
+                            ),
+                            "status": np.full(n, 200, np.int16),
+                            "outcome_small": small_q,
+                            "outcome_large": large_q,
+                        },
+                        schema=_schema(),
+                    )
+                )
         bytes_written += path.stat().st_size
     return bytes_written
 
 
 def _schema() -> pa.Schema:
-    return pa.schema([
-        ("time", pa.float64()), ("score", pa.float32()),
-        ("tier", pa.dictionary(pa.int8(), pa.string())), ("cost_usd", pa.float64()),
-        ("policy", pa.dictionary(pa.int8(), pa.string())), ("status", pa.int16()),
-        ("outcome_small", pa.float32()), ("outcome_large", pa.float32()),
-    ])
+    return pa.schema(
+        [
+            ("time", pa.float64()),
+            ("score", pa.float32()),
+            ("tier", pa.dictionary(pa.int8(), pa.string())),
+            ("cost_usd", pa.float64()),
+            ("policy", pa.dictionary(pa.int8(), pa.string())),
+            ("status", pa.int16()),
+            ("outcome_small", pa.float32()),
+            ("outcome_large", pa.float32()),
+        ]
+    )
 
 
 def run_report(traces: Path, ref: Path, window: str, out: Path) -> tuple[float, float, int]:
     """(wall seconds, peak RSS MiB, exit status) of one `cost-router drift report`."""
-    cmd = [sys.executable, "-m", "router.cli", "drift", "report", "-t", str(traces), "-r",
-           str(ref), "--window", window, "--target", "0.18", "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "router.cli",
+        "drift",
+        "report",
+        "-t",
+        str(traces),
+        "-r",
+        str(ref),
+        "--window",
+        window,
+        "--target",
+        "0.18",
+        "-o",
+        str(out),
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -99,8 +128,12 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--per-day", type=int, default=1_000_000)
     parser.add_argument("--window", choices=["1h", "1d"], default="1h")
-    parser.add_argument("--small-days", type=int, default=3,
-                        help="also report over the first N days first (0: skip)")
+    parser.add_argument(
+        "--small-days",
+        type=int,
+        default=3,
+        help="also report over the first N days first (0: skip)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: temp)")
     parser.add_argument("--keep", action="store_true", help="keep the dataset")
     args = parser.parse_args()
@@ -109,8 +142,10 @@ def main() -> None:
     try:
         started = time.perf_counter()
         size = write_dataset(traces, args.days, args.per_day)
-        print(f"wrote {args.days} days x {args.per_day:,} requests ({args.days * args.per_day:,})"
-              f" to {traces}: {size / 2**20:.0f} MiB in {time.perf_counter() - started:.0f} s")
+        print(
+            f"wrote {args.days} days x {args.per_day:,} requests ({args.days * args.per_day:,})"
+            f" to {traces}: {size / 2**20:.0f} MiB in {time.perf_counter() - started:.0f} s"
+        )
         ref = work / "reference.scores.json"
         sample = np.random.default_rng(1).beta(2.0, 3.0, 200_000)
         ScoreReference.from_scores(sample, "Beta(2, 3) sample").save(ref)
@@ -121,12 +156,16 @@ def main() -> None:
                 shutil.copy(part / "part-0.parquet", small / part.name / "part-0.parquet")
             wall, rss, code = run_report(small, ref, args.window, work / "report-small")
             rate = args.small_days * args.per_day / wall
-            print(f"{args.small_days} days: {wall:.1f} s ({rate:,.0f} requests/s), peak RSS "
-                  f"{rss:.0f} MiB, exit {code}")
+            print(
+                f"{args.small_days} days: {wall:.1f} s ({rate:,.0f} requests/s), peak RSS "
+                f"{rss:.0f} MiB, exit {code}"
+            )
         wall, rss, code = run_report(traces, ref, args.window, work / "report")
         rate = args.days * args.per_day / wall
-        print(f"{args.days} days: {wall:.1f} s ({rate:,.0f} requests/s), peak RSS {rss:.0f} MiB, "
-              f"exit {code} (1: the shift from day {args.days * 2 // 3 + 1} is flagged)")
+        print(
+            f"{args.days} days: {wall:.1f} s ({rate:,.0f} requests/s), peak RSS {rss:.0f} MiB, "
+            f"exit {code} (1: the shift from day {args.days * 2 // 3 + 1} is flagged)"
+        )
     finally:
         if not args.keep and args.out is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -93,8 +93,11 @@ class EchoApp:
             await _send_json(send, 200, {"served": self.served, "cancelled": self.cancelled})
             return
         endpoint = path.removeprefix("/v1/")
-        if scope["method"] != "POST" or endpoint not in ("chat/completions", "completions",
-                                                          "embeddings"):
+        if scope["method"] != "POST" or endpoint not in (
+            "chat/completions",
+            "completions",
+            "embeddings",
+        ):
             await _send_json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
             return
         raw = await _read_body(receive)
@@ -176,8 +179,12 @@ def _embeddings(body: dict[str, Any], model: str) -> dict[str, Any]:
         words = len(item) if isinstance(item, list) else len(str(item).split())
         tokens += max(1, words)
         data.append({"object": "embedding", "index": i, "embedding": [float(words), 0.5, -0.5]})
-    return {"object": "list", "model": model, "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {
+        "object": "list",
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def _full_answer(
@@ -214,8 +221,14 @@ def _chunk(endpoint: str, model: str, text: str, last: bool) -> bytes:
 
 def _usage_chunk(endpoint: str, model: str, usage: dict[str, int]) -> bytes:
     obj = "text_completion" if endpoint == "completions" else "chat.completion.chunk"
-    payload = {"id": "echo-1", "object": obj, "created": 0, "model": model, "choices": [],
-               "usage": usage}
+    payload = {
+        "id": "echo-1",
+        "object": obj,
+        "created": 0,
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
@@ -246,14 +259,21 @@ def serve(app: Callable[[Scope, Receive, Send], Awaitable[None]], host: str, por
         sock.close()
         taken = exc.errno == errno.EADDRINUSE
         why = "is already in use" if taken else f"cannot be listened on: {exc.strerror or exc}"
-        print(f"error: port {port} on {host} {why}: choose another with --port N "
-              "(0 = any free port)", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: port {port} on {host} {why}: choose another with --port N (0 = any free port)",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
     sock.listen(4096)  # before the line is printed: a client may connect as soon as it reads it
     print(f"listening on http://{host}:{sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(
-        app, loop="uvloop", http="httptools", log_level="warning",
-        access_log=False, backlog=4096, timeout_keep_alive=60,
+        app,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+        timeout_keep_alive=60,
     )
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -262,14 +282,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def running_echo_upstream(*args: str, timeout_s: float = 20.0,
-                          module: str = "benchmarks.echo_upstream") -> Iterator[str]:
+def running_echo_upstream(
+    *args: str, timeout_s: float = 20.0, module: str = "benchmarks.echo_upstream"
+) -> Iterator[str]:
     """Start the echo server (or `module`, another server with the same command line and
     "listening on" line) in a subprocess on a free port; yield its base URL (with /v1)."""
     cmd = [sys.executable, "-m", module, "--port", "0", *args]
     # Run from the checkout: benchmarks/ is not part of the installed package.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ),
-                            cwd=REPO_ROOT)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ), cwd=REPO_ROOT
+    )
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout_s
@@ -304,8 +326,12 @@ def add_echo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def behaviour_from(a: argparse.Namespace) -> EchoBehaviour:
     return EchoBehaviour(
-        delay_ms=a.delay_ms, chunk_delay_ms=a.chunk_delay_ms, chunks=a.chunks,
-        fail_status=a.fail_status, usage=not a.no_usage, model=a.model,
+        delay_ms=a.delay_ms,
+        chunk_delay_ms=a.chunk_delay_ms,
+        chunks=a.chunks,
+        fail_status=a.fail_status,
+        usage=not a.no_usage,
+        model=a.model,
     )
 
 

@@ -73,10 +73,14 @@ INTERNAL_HOST = "gpu-node-17.inference.corp.internal"
 INTERNAL_IP = "10.31.7.42"
 TRACEBACK_MARK = "Traceback (most recent call last)"
 
-BOTH = ("huge_usage", "negative_usage", "nonnumeric_usage", "hang", "error_500",
-        "error_4xx_secret")  # fmt: skip
-STREAM_ONLY = ("stream_cut", "stream_stall", "stream_no_done", "stream_huge_no_usage",
-               "stream_bad_usage")  # fmt: skip
+BOTH = ("huge_usage", "negative_usage", "nonnumeric_usage", "hang", "error_500", "error_4xx_secret")
+STREAM_ONLY = (
+    "stream_cut",
+    "stream_stall",
+    "stream_no_done",
+    "stream_huge_no_usage",
+    "stream_bad_usage",
+)
 FAULTS = BOTH + STREAM_ONLY
 NONE = "none"
 
@@ -147,8 +151,11 @@ class FaultApp(EchoApp):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/stats":
-            stats = {"served": self.served, "cancelled": self.cancelled,
-                     "faults": dict(self.faults)}  # fmt: skip
+            stats = {
+                "served": self.served,
+                "cancelled": self.cancelled,
+                "faults": dict(self.faults),
+            }
             await _send_json(send, 200, stats)
             return
         await super().__call__(scope, receive, send)
@@ -195,17 +202,19 @@ class FaultApp(EchoApp):
         elif fault == "nonnumeric_usage":
             usage = {**usage, "prompt_tokens": "abc"}
         if not stream:
-            answer = _full_answer(endpoint, b.model, " ".join(["echo"] * b.chunks),
-                                  prompt_tokens, b.chunks)  # fmt: skip
+            answer = _full_answer(
+                endpoint, b.model, " ".join(["echo"] * b.chunks), prompt_tokens, b.chunks
+            )
             await _send_json(send, 200, {**answer, "usage": usage})
             return
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         if fault == "stream_huge_no_usage":
-            await _huge_stream(endpoint, b.model, _number(body, "fault_mb", self.mix.huge_mb),
-                               send)  # fmt: skip
+            await _huge_stream(endpoint, b.model, _number(body, "fault_mb", self.mix.huge_mb), send)
             return
-        chunks = [_chunk(endpoint, b.model, "echo " if i < b.chunks - 1 else "echo",
-                         i == b.chunks - 1) for i in range(b.chunks)]  # fmt: skip
+        chunks = [
+            _chunk(endpoint, b.model, "echo " if i < b.chunks - 1 else "echo", i == b.chunks - 1)
+            for i in range(b.chunks)
+        ]
         if fault in ("stream_cut", "stream_stall"):
             await _send_body(send, b"".join(chunks[: max(1, b.chunks // 2)]))
             if fault == "stream_stall":
@@ -254,19 +263,29 @@ async def _huge_stream(endpoint: str, model: str, megabytes: float, send: Send) 
     while sent < total:
         await _send_body(send, batch)
         sent += len(batch)
-    await send({"type": "http.response.body",
-                "body": _chunk(endpoint, model, "end", True) + b"data: [DONE]\n\n"})
+    await send(
+        {
+            "type": "http.response.body",
+            "body": _chunk(endpoint, model, "end", True) + b"data: [DONE]\n\n",
+        }
+    )
 
 
 def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fault-rate", type=float, default=0.0,
-                        help="share of requests naming no fault that get one (seeded draw)")
+    parser.add_argument(
+        "--fault-rate",
+        type=float,
+        default=0.0,
+        help="share of requests naming no fault that get one (seeded draw)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--faults", default=",".join(FAULTS),
-                        help="comma-separated faults the mix draws from")
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help="comma-separated faults the mix draws from"
+    )
     parser.add_argument("--hang-s", type=float, default=3600.0)
-    parser.add_argument("--huge-mb", type=float, default=40.0,
-                        help="size of a stream_huge_no_usage stream")
+    parser.add_argument(
+        "--huge-mb", type=float, default=40.0, help="size of a stream_huge_no_usage stream"
+    )
 
 
 def mix_from(a: argparse.Namespace, parser: argparse.ArgumentParser) -> FaultMix:
@@ -275,16 +294,18 @@ def mix_from(a: argparse.Namespace, parser: argparse.ArgumentParser) -> FaultMix
         parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
     if not 0 <= a.fault_rate <= 1:
         parser.error("--fault-rate must be between 0 and 1")
-    return FaultMix(rate=a.fault_rate, seed=a.seed, faults=faults, hang_s=a.hang_s,
-                    huge_mb=a.huge_mb)  # fmt: skip
+    return FaultMix(
+        rate=a.fault_rate, seed=a.seed, faults=faults, hang_s=a.hang_s, huge_mb=a.huge_mb
+    )
 
 
 @contextmanager
 def running_fault_upstream(*args: str, timeout_s: float = 20.0) -> Iterator[str]:
     """Start the fault upstream in a subprocess on a free port; yield its base URL (with /v1).
     `args` are its command-line options, e.g. ("--fault-rate", "0.2", "--seed", "7")."""
-    with running_echo_upstream(*args, timeout_s=timeout_s,
-                               module="benchmarks.fault_upstream") as url:  # fmt: skip
+    with running_echo_upstream(
+        *args, timeout_s=timeout_s, module="benchmarks.fault_upstream"
+    ) as url:
         yield url
 
 

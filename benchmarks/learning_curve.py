@@ -17,7 +17,7 @@ as `cost-router classifier train <traces> --with-default-data` does (classifiers
 figures are computed here). n is capped at the pool's size (GSM8K has about 900 labelled rows,
 so its pool holds about 540 and the 1,000 step runs at the whole pool; the table says so).
 
-Labels: the `reference` judge (router/evaluation/judges/reference.py) marks each tier's answer
+Labels: the `reference` judge (router/learning/judges/reference.py) marks each tier's answer
 right or wrong against the request's known reference answer. The shared CSVs' per-model True/False
 columns are that verdict, recorded by RouteLLM for each model's answer against the benchmark's
 reference (GSM8K's final number, MMLU's letter); the CSVs carry no reference answers to re-judge
@@ -62,8 +62,9 @@ def _labelled(ds: RoutingDataset) -> RoutingDataset:
     return ds.subset(known(ds.small, ds.large))
 
 
-def _split(name: str, gsm8k: RoutingDataset, mmlu: RoutingDataset, seed: int,
-           test_share: float) -> Split:  # fmt: skip
+def _split(
+    name: str, gsm8k: RoutingDataset, mmlu: RoutingDataset, seed: int, test_share: float
+) -> Split:
     rng = np.random.default_rng(seed)
     if name == "gsm8k":
         domain, base = gsm8k, mmlu
@@ -82,15 +83,16 @@ def _split(name: str, gsm8k: RoutingDataset, mmlu: RoutingDataset, seed: int,
     return Split(name, base, pool, test)
 
 
-def _train(own: RoutingDataset, base: RoutingDataset | None, out: Path,
-           options: TrainOptions) -> DifficultyScorer:  # fmt: skip
+def _train(
+    own: RoutingDataset, base: RoutingDataset | None, out: Path, options: TrainOptions
+) -> DifficultyScorer:
     train_model(own, out, options, base=base)
     return DifficultyScorer.load(out)
 
 
 def _row(n: str, c: Comparison) -> str:
     verdict = "yes" if c.better else "no"
-    return (f"| {n} | {c.current_apgr} | {c.new_apgr} | {c.delta} | {verdict} |")  # fmt: skip
+    return f"| {n} | {c.current_apgr} | {c.new_apgr} | {c.delta} | {verdict} |"
 
 
 def run(split: Split, steps: list[int], seed: int, rounds: int, tmp: Path) -> list[str]:
@@ -102,8 +104,10 @@ def run(split: Split, steps: list[int], seed: int, rounds: int, tmp: Path) -> li
 
     test_texts = split.test.prompts
     sm, lg = split.test.small, split.test.large
-    note(f"base {len(split.base)} rows, pool {len(split.pool)}, test {len(split.test)}; "
-         "training the starting model")  # fmt: skip
+    note(
+        f"base {len(split.base)} rows, pool {len(split.pool)}, test {len(split.test)}; "
+        "training the starting model"
+    )
     start = _train(split.base, None, tmp / f"{split.name}-start.onnx", options)
     current = start.score_texts(test_texts)
     lines = [
@@ -130,12 +134,17 @@ def run(split: Split, steps: list[int], seed: int, rounds: int, tmp: Path) -> li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--domain", choices=[*DOMAINS, "both"], default="both")
-    parser.add_argument("--steps", default="100,300,1000",
-                        help="labelled-request counts, comma-separated")  # fmt: skip
+    parser.add_argument(
+        "--steps", default="100,300,1000", help="labelled-request counts, comma-separated"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1000, help="bootstrap resamples")
-    parser.add_argument("--test-share", type=float, default=0.4,
-                        help="share of the domain's prompts held out for the figures")  # fmt: skip
+    parser.add_argument(
+        "--test-share",
+        type=float,
+        default=0.4,
+        help="share of the domain's prompts held out for the figures",
+    )
     args = parser.parse_args()
     try:
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
@@ -154,8 +163,10 @@ def main() -> None:
         for name in domains:
             split = _split(name, gsm8k, mmlu, args.seed, args.test_share)
             report += run(split, steps, args.seed, args.rounds, Path(tmp)) + [""]
-    print(f"\nlearning curve (seed {args.seed}, {args.rounds} bootstrap rounds; APGR on "
-          "held-out domain prompts, 95% intervals)\n")  # fmt: skip
+    print(
+        f"\nlearning curve (seed {args.seed}, {args.rounds} bootstrap rounds; APGR on "
+        "held-out domain prompts, 95% intervals)\n"
+    )
     print("\n".join(report))
 
 

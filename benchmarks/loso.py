@@ -28,17 +28,34 @@ from classifiers.train import TrainConfig
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--traces", type=Path, nargs="*", default=[],
-                        help="trace folders, each held out as a source of its own")
-    parser.add_argument("--max-train-rows", type=int, default=None,
-                        help="fit each holdout on a seeded sample of at most this many rows")
-    parser.add_argument("--max-rows-per-source", type=int, default=None,
-                        help="(smoke runs) keep at most this many rows of each file")
+    parser.add_argument(
+        "--traces",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="trace folders, each held out as a source of its own",
+    )
+    parser.add_argument(
+        "--max-train-rows",
+        type=int,
+        default=None,
+        help="fit each holdout on a seeded sample of at most this many rows",
+    )
+    parser.add_argument(
+        "--max-rows-per-source",
+        type=int,
+        default=None,
+        help="(smoke runs) keep at most this many rows of each file",
+    )
     parser.add_argument("--rounds", type=int, default=200, help="bootstrap resamples")
     parser.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="worker processes (fits at once; the figures do not depend on it)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="worker processes (fits at once; the figures do not depend on it)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     data = routellm_data_dir()
@@ -53,12 +70,18 @@ def main() -> None:
     def progress(message: str) -> None:
         print(f"[{time.monotonic() - started:6.0f} s] {message}", file=sys.stderr, flush=True)
 
-    report = loso_report(ds, TrainConfig(seed=args.seed), recipes, args.rounds,
-                         args.max_train_rows, progress, args.jobs)  # fmt: skip
+    report = loso_report(
+        ds,
+        TrainConfig(seed=args.seed),
+        recipes,
+        args.rounds,
+        args.max_train_rows,
+        progress,
+        args.jobs,
+    )
     print(f"{len(ds)} labelled rows from {len(set(ds.source.tolist()))} sources")
     for name in report.train_rows:
-        print(f"  {name}: trained on {report.train_rows[name]}, held out "
-              f"{report.test_rows[name]}")  # fmt: skip
+        print(f"  {name}: trained on {report.train_rows[name]}, held out {report.test_rows[name]}")
     print("\n".join(report.lines()))
     if args.json:
         args.json.write_text(json.dumps(report.as_dict(), indent=2))

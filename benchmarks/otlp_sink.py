@@ -42,8 +42,9 @@ class Sink:
             kind = b"application/json"
         else:
             status = 404
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", kind)]})  # fmt: skip
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]}
+        )
         await send({"type": "http.response.body", "body": out})
 
 
@@ -52,8 +53,9 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=4318)
     a = ap.parse_args()
-    uvicorn.run(Sink(), host=a.host, port=a.port, log_level="warning", access_log=False,
-                lifespan="off")  # fmt: skip
+    uvicorn.run(
+        Sink(), host=a.host, port=a.port, log_level="warning", access_log=False, lifespan="off"
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,7 @@ class Pool:
 
 def prepare(max_pool: int | None = None) -> Pool:
     data = routellm_data_dir()
-    pool = concat(load_dataset([data / "gsm8k"]),
-                  load_dataset([data / "mmlu" / "responses"]))  # fmt: skip
+    pool = concat(load_dataset([data / "gsm8k"]), load_dataset([data / "mmlu" / "responses"]))
     pool = pool.subset(known(pool.small, pool.large))
     if max_pool is not None and len(pool) > max_pool:
         pool = pool.subset(np.sort(np.random.default_rng(0).choice(len(pool), max_pool, False)))
@@ -65,8 +64,9 @@ def prepare(max_pool: int | None = None) -> Pool:
     return Pool(pool, frame(pool.prompts), np.asarray(shipped, np.float64))
 
 
-def one_seed(seed: int, rows: int, rounds: int, folds: int,
-             without: tuple[str, ...] = ()) -> dict[str, object]:  # fmt: skip
+def one_seed(
+    seed: int, rows: int, rounds: int, folds: int, without: tuple[str, ...] = ()
+) -> dict[str, object]:
     pool: Pool = shared()  # prepare()'s, set before the workers fork; none writes it
     rng = np.random.default_rng(seed)
     pick = rng.choice(len(pool.dataset), rows, replace=False)
@@ -80,10 +80,14 @@ def one_seed(seed: int, rows: int, rounds: int, folds: int,
     oof = out_of_fold(noisy, config, None, folds, inputs=inputs)
     sm, lg = small[oof.rows], large[oof.rows]
     current = {"shipped": pool.shipped[pick][oof.rows], "random": rng.random(len(oof.rows))}
-    verdicts = {name: gate(scores, oof.scores, sm, lg, rounds, seed)
-                for name, scores in current.items()}  # fmt: skip
-    return {"seed": seed, **{f"{name}_refused": not v.promote for name, v in verdicts.items()},
-            "random_reason": verdicts["random"].reason()}  # fmt: skip
+    verdicts = {
+        name: gate(scores, oof.scores, sm, lg, rounds, seed) for name, scores in current.items()
+    }
+    return {
+        "seed": seed,
+        **{f"{name}_refused": not v.promote for name, v in verdicts.items()},
+        "random_reason": verdicts["random"].reason(),
+    }
 
 
 def exact_interval(k: int, n: int) -> tuple[float, float]:
@@ -100,35 +104,59 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (seeds at once)")
-    parser.add_argument("--recipe", default="shipped", choices=list(RECIPES),
-                        help="the training recipe of the noise models (classifiers/loso.py)")
-    parser.add_argument("--max-pool", type=int, default=None,
-                        help="(smoke runs) draw from a seeded sample of this many pool rows")
+    parser.add_argument(
+        "--recipe",
+        default="shipped",
+        choices=list(RECIPES),
+        help="the training recipe of the noise models (classifiers/loso.py)",
+    )
+    parser.add_argument(
+        "--max-pool",
+        type=int,
+        default=None,
+        help="(smoke runs) draw from a seeded sample of this many pool rows",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     started = time.monotonic()
     prepared = prepare(args.max_pool)
-    print(f"prepared {len(prepared.dataset)} pool rows in {time.monotonic() - started:.0f} s",
-          flush=True)  # fmt: skip
+    print(
+        f"prepared {len(prepared.dataset)} pool rows in {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     results = []
-    fit = partial(one_seed, rows=args.rows, rounds=args.rounds, folds=args.folds,
-                  without=RECIPES[args.recipe])  # fmt: skip
+    fit = partial(
+        one_seed, rows=args.rows, rounds=args.rounds, folds=args.folds, without=RECIPES[args.recipe]
+    )
     for result in forked_map(fit, seeds, prepared, args.jobs):
         results.append(result)
-        print(f"seed {result['seed']}: {result['random_reason']}  "
-              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"seed {result['seed']}: {result['random_reason']}  "
+            f"({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
     summary = {}
     for name in ("shipped", "random"):
         count = sum(bool(r[f"{name}_refused"]) for r in results)
         low, high = exact_interval(count, len(results))
         summary[name] = {"refused": count, "seeds": len(results), "low": low, "high": high}
-        print(f"refused against the {name} model: {count} of {len(results)} "
-              f"({count / len(results):.0%}, exact 95% interval [{low:.0%}, {high:.0%}])")
+        print(
+            f"refused against the {name} model: {count} of {len(results)} "
+            f"({count / len(results):.0%}, exact 95% interval [{low:.0%}, {high:.0%}])"
+        )
     print(f"total {time.monotonic() - started:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
-                                         "summary": summary, "seeds": results}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": vars(args) | {"json": str(args.json)},
+                    "summary": summary,
+                    "seeds": results,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

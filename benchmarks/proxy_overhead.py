@@ -46,8 +46,9 @@ PROMPT = "Summarise the main causes of the French revolution in three sentences.
 # --- load generator (runs in its own process) ----------------------------------------------------
 
 
-async def _one(session: Any, url: str, payload: bytes, headers: dict[str, str], stream: bool,
-               scheduled: float) -> tuple[float, float, float, int]:  # fmt: skip
+async def _one(
+    session: Any, url: str, payload: bytes, headers: dict[str, str], stream: bool, scheduled: float
+) -> tuple[float, float, float, int]:
     first = None
     async with session.post(url, data=payload, headers=headers) as resp:
         if stream:
@@ -76,8 +77,11 @@ async def _open_loop(spec: dict[str, Any]) -> dict[str, Any]:
             delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(_one(session, spec["url"], payload,
-                                                    spec["headers"], spec["stream"], scheduled)))
+            tasks.append(
+                asyncio.ensure_future(
+                    _one(session, spec["url"], payload, spec["headers"], spec["stream"], scheduled)
+                )
+            )
         results = await asyncio.gather(*tasks, return_exceptions=True)
     kept = [r for r in results if not isinstance(r, BaseException) and r[0] >= start + warmup]
     errors = sum(1 for r in results if isinstance(r, BaseException) or r[3] != 200)
@@ -101,8 +105,9 @@ async def _closed_loop(spec: dict[str, Any]) -> dict[str, Any]:
         nonlocal done, errors, completed
         while (now := time.perf_counter()) < stop_at:
             try:
-                _, _, _, status = await _one(session, spec["url"], payload, spec["headers"],
-                                             spec["stream"], now)  # fmt: skip
+                _, _, _, status = await _one(
+                    session, spec["url"], payload, spec["headers"], spec["stream"], now
+                )
             except Exception:  # noqa: BLE001 - counted, the load goes on
                 status = 0
             completed += status == 200
@@ -126,8 +131,13 @@ def loadgen_main(spec_json: str) -> None:
 
 
 def run_loadgen(spec: dict[str, Any]) -> dict[str, Any]:
-    out = subprocess.run([PY, __file__, "--loadgen", json.dumps(spec)], capture_output=True,
-                         text=True, check=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [PY, __file__, "--loadgen", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -135,12 +145,22 @@ def run_loadgen(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
-            timeout_s: float = 120) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+def process(
+    argv: list[str],
+    ready_url: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120,
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, **(env or {})},
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -194,25 +214,46 @@ def write_configs(tmp: Path, echo_url: str, router_port: int) -> tuple[Path, Pat
     router_cfg = {
         "server": {"port": router_port},
         "tiers": [
-            {"name": "small", "base_url": echo_url, "model": "echo", "price": price,
-             "max_inflight": 1024},
-            {"name": "large", "base_url": echo_url, "model": "echo",
-             "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0}, "max_inflight": 1024},
+            {
+                "name": "small",
+                "base_url": echo_url,
+                "model": "echo",
+                "price": price,
+                "max_inflight": 1024,
+            },
+            {
+                "name": "large",
+                "base_url": echo_url,
+                "model": "echo",
+                "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0},
+                "max_inflight": 1024,
+            },
         ],
         "traces": {"path": str(tmp / "traces" / "requests.jsonl")},
         "signals": {"enabled": False},
-    }  # fmt: skip
+    }
     litellm_cfg = {
-        "model_list": [{"model_name": "echo", "litellm_params": {
-            "model": "openai/echo", "api_base": echo_url, "api_key": "sk-unused"}}],
-    }  # fmt: skip
+        "model_list": [
+            {
+                "model_name": "echo",
+                "litellm_params": {
+                    "model": "openai/echo",
+                    "api_base": echo_url,
+                    "api_key": "sk-unused",
+                },
+            }
+        ],
+    }
     # Both proxies run without per-request access logging.
     log_cfg = {
-        "version": 1, "disable_existing_loggers": False,
+        "version": 1,
+        "disable_existing_loggers": False,
         "handlers": {"err": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
-        "loggers": {"uvicorn.access": {"level": "WARNING", "handlers": ["err"]},
-                    "uvicorn": {"level": "WARNING", "handlers": ["err"]}},
-    }  # fmt: skip
+        "loggers": {
+            "uvicorn.access": {"level": "WARNING", "handlers": ["err"]},
+            "uvicorn": {"level": "WARNING", "handlers": ["err"]},
+        },
+    }
     paths = (tmp / "router.yaml", tmp / "litellm.yaml", tmp / "logging.json")
     paths[0].write_text(yaml.safe_dump(router_cfg))
     paths[1].write_text(yaml.safe_dump(litellm_cfg))
@@ -239,9 +280,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--skip-litellm", action="store_true")
     ap.add_argument("--quick", action="store_true", help="short points (smoke run)")
-    ap.add_argument("--trace", action="store_true",
-                    help="cost-router with OpenTelemetry tracing on (every request sampled, "
-                    "OTLP/HTTP to a local do-nothing collector, benchmarks/otlp_sink.py)")
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="cost-router with OpenTelemetry tracing on (every request sampled, "
+        "OTLP/HTTP to a local do-nothing collector, benchmarks/otlp_sink.py)",
+    )
     a = ap.parse_args()
     if a.loadgen:
         loadgen_main(a.loadgen)
@@ -255,21 +299,36 @@ def main() -> None:
     router_yaml, litellm_yaml, log_json = write_configs(tmp, echo_url, router_port)
     print(f"load average before: {os.getloadavg()}; logs in {tmp}", flush=True)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(process([PY, "-m", "benchmarks.echo_upstream", "--port",
-                                     str(echo_port)],
-                                    f"{echo_url}/models", tmp / "echo.log"))  # fmt: skip
+        stack.enter_context(
+            process(
+                [PY, "-m", "benchmarks.echo_upstream", "--port", str(echo_port)],
+                f"{echo_url}/models",
+                tmp / "echo.log",
+            )
+        )
         if a.trace:
             sink_port = free_port()
-            stack.enter_context(process(
-                [PY, "-m", "benchmarks.otlp_sink", "--port", str(sink_port)],
-                f"http://127.0.0.1:{sink_port}/healthz", tmp / "otlp.log"))  # fmt: skip
+            stack.enter_context(
+                process(
+                    [PY, "-m", "benchmarks.otlp_sink", "--port", str(sink_port)],
+                    f"http://127.0.0.1:{sink_port}/healthz",
+                    tmp / "otlp.log",
+                )
+            )
             config = yaml.safe_load(router_yaml.read_text())
-            config["telemetry"] = {"enabled": True, "sample_ratio": 1.0,
-                                   "endpoint": f"http://127.0.0.1:{sink_port}/v1/traces"}
+            config["telemetry"] = {
+                "enabled": True,
+                "sample_ratio": 1.0,
+                "endpoint": f"http://127.0.0.1:{sink_port}/v1/traces",
+            }
             router_yaml.write_text(yaml.safe_dump(config))
-        router = stack.enter_context(process(
-            [PY, "-m", "router.cli", "serve", "--config", str(router_yaml)],
-            f"http://127.0.0.1:{router_port}/healthz", tmp / "router.log"))  # fmt: skip
+        router = stack.enter_context(
+            process(
+                [PY, "-m", "router.cli", "serve", "--config", str(router_yaml)],
+                f"http://127.0.0.1:{router_port}/healthz",
+                tmp / "router.log",
+            )
+        )
         targets = {
             "direct": (f"{echo_url}/chat/completions", {}, "echo"),
             "cost-router": (f"http://127.0.0.1:{router_port}/v1/chat/completions", {}, "auto"),
@@ -277,14 +336,33 @@ def main() -> None:
         pgids = {"cost-router": router.pid}
         if not a.skip_litellm:
             litellm = str(Path(PY).parent / "litellm")
-            lite = stack.enter_context(process(
-                [litellm, "--config", str(litellm_yaml), "--port", str(litellm_port),
-                 "--num_workers", "1", "--log_config", str(log_json)],
-                f"http://127.0.0.1:{litellm_port}/health/liveliness", tmp / "litellm.log",
-                env={"LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                     "LITELLM_LOG": "ERROR"}))  # fmt: skip
-            targets["litellm"] = (f"http://127.0.0.1:{litellm_port}/v1/chat/completions",
-                                  {"Authorization": f"Bearer {MASTER_KEY}"}, "echo")  # fmt: skip
+            lite = stack.enter_context(
+                process(
+                    [
+                        litellm,
+                        "--config",
+                        str(litellm_yaml),
+                        "--port",
+                        str(litellm_port),
+                        "--num_workers",
+                        "1",
+                        "--log_config",
+                        str(log_json),
+                    ],
+                    f"http://127.0.0.1:{litellm_port}/health/liveliness",
+                    tmp / "litellm.log",
+                    env={
+                        "LITELLM_MASTER_KEY": MASTER_KEY,
+                        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                        "LITELLM_LOG": "ERROR",
+                    },
+                )
+            )
+            targets["litellm"] = (
+                f"http://127.0.0.1:{litellm_port}/v1/chat/completions",
+                {"Authorization": f"Bearer {MASTER_KEY}"},
+                "echo",
+            )
             pgids["litellm"] = lite.pid
         # Throughput first: an open-loop point above a target's capacity leaves it a backlog
         # of abandoned requests that would depress whatever is measured after it.
@@ -301,8 +379,11 @@ Targets = dict[str, tuple[str, dict[str, str], str]]  # name -> (url, headers, m
 def _spec(
     url: str, headers: dict[str, str], model: str, stream: bool, **extra: Any
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": 16,
-                            "messages": [{"role": "user", "content": PROMPT}]}  # fmt: skip
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
     if stream:
         body["stream"] = True
     headers = {"content-type": "application/json", **headers}
@@ -310,27 +391,51 @@ def _spec(
 
 
 def latency_points(
-    a: argparse.Namespace, rates: list[float], targets: Targets,
+    a: argparse.Namespace,
+    rates: list[float],
+    targets: Targets,
     capacity: dict[tuple[str, bool], float],
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     rows = []
     for stream in (False, True):
         for rate in rates:
             for name, (url, headers, model) in targets.items():
                 if rate > SATURATION * capacity[(name, stream)]:
                     # Open-loop load above capacity only measures a growing queue.
-                    rows.append({"stream": stream, "rate": rate, "target": name,
-                                 "saturated": capacity[(name, stream)]})  # fmt: skip
+                    rows.append(
+                        {
+                            "stream": stream,
+                            "rate": rate,
+                            "target": name,
+                            "saturated": capacity[(name, stream)],
+                        }
+                    )
                     print(json.dumps(rows[-1]), flush=True)
                     continue
-                spec = _spec(url, headers, model, stream, mode="open", rate=rate,
-                             duration=a.duration, warmup=a.warmup)  # fmt: skip
+                spec = _spec(
+                    url,
+                    headers,
+                    model,
+                    stream,
+                    mode="open",
+                    rate=rate,
+                    duration=a.duration,
+                    warmup=a.warmup,
+                )
                 res = run_loadgen(spec)
                 key = "ttfb_ms" if stream else "total_ms"
                 total = res["total_ms"]
-                row = {"stream": stream, "rate": rate, "target": name, "n": len(res[key]),
-                       "errors": res["errors"], "p50": pct(res[key], 50), "p99": pct(res[key], 99),
-                       "p50_total": pct(total, 50), "p99_total": pct(total, 99)}  # fmt: skip
+                row = {
+                    "stream": stream,
+                    "rate": rate,
+                    "target": name,
+                    "n": len(res[key]),
+                    "errors": res["errors"],
+                    "p50": pct(res[key], 50),
+                    "p99": pct(res[key], 99),
+                    "p50_total": pct(total, 50),
+                    "p99_total": pct(total, 99),
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return rows
@@ -342,14 +447,26 @@ def throughput_points(
     out = []
     for stream in (False, True):
         for name, (url, headers, model) in targets.items():
-            spec = _spec(url, headers, model, stream, mode="closed", concurrency=a.concurrency,
-                         duration=a.throughput_seconds, warmup=a.warmup)  # fmt: skip
+            spec = _spec(
+                url,
+                headers,
+                model,
+                stream,
+                mode="closed",
+                concurrency=a.concurrency,
+                duration=a.throughput_seconds,
+                warmup=a.warmup,
+            )
             cpu0 = group_cpu_s(pgids[name]) if name in pgids else 0.0
             res = run_loadgen(spec)
             served = res.pop("completed")
             cpu = group_cpu_s(pgids[name]) - cpu0 if name in pgids else 0.0
-            row = {"stream": stream, "target": name, **res,
-                   "cpu_ms_per_req": cpu * 1000 / served if served and name in pgids else None}
+            row = {
+                "stream": stream,
+                "target": name,
+                **res,
+                "cpu_ms_per_req": cpu * 1000 / served if served and name in pgids else None,
+            }
             out.append(row)
             print(json.dumps(row), flush=True)
     return out
@@ -357,21 +474,30 @@ def throughput_points(
 
 def print_tables(rows: list[dict[str, Any]], throughput: list[dict[str, Any]]) -> None:
     base = {(r["stream"], r["rate"]): r for r in rows if r["target"] == "direct"}
-    print("\n| mode | rate (req/s) | target | n | p50 ms | p99 ms | added p50 ms | added p99 ms "
-          "| p50 / p99 full stream ms | errors |")
+    print(
+        "\n| mode | rate (req/s) | target | n | p50 ms | p99 ms | added p50 ms | added p99 ms "
+        "| p50 / p99 full stream ms | errors |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         d = base[(r["stream"], r["rate"])]
         mode = "stream (TTFB)" if r["stream"] else "non-stream"
         if "saturated" in r:
-            print(f"| {mode} | {r['rate']:.0f} | {r['target']} | - | saturated: sustains only "
-                  f"{r['saturated']:.0f} req/s | | | | | |")
+            print(
+                f"| {mode} | {r['rate']:.0f} | {r['target']} | - | saturated: sustains only "
+                f"{r['saturated']:.0f} req/s | | | | | |"
+            )
             continue
-        added = ("-", "-") if r["target"] == "direct" else (
-            f"{r['p50'] - d['p50']:+.2f}", f"{r['p99'] - d['p99']:+.2f}")
+        added = (
+            ("-", "-")
+            if r["target"] == "direct"
+            else (f"{r['p50'] - d['p50']:+.2f}", f"{r['p99'] - d['p99']:+.2f}")
+        )
         full = f"{r['p50_total']:.2f} / {r['p99_total']:.2f}" if r["stream"] else "-"
-        print(f"| {mode} | {r['rate']:.0f} | {r['target']} | {r['n']} | {r['p50']:.2f} | "
-              f"{r['p99']:.2f} | {added[0]} | {added[1]} | {full} | {r['errors']} |")
+        print(
+            f"| {mode} | {r['rate']:.0f} | {r['target']} | {r['n']} | {r['p50']:.2f} | "
+            f"{r['p99']:.2f} | {added[0]} | {added[1]} | {full} | {r['errors']} |"
+        )
     print("\n| mode | target | sustained req/s | vs LiteLLM | server CPU ms / request | errors |")
     print("|---|---|---|---|---|---|")
     lite = {t["stream"]: t["rps"] for t in throughput if t["target"] == "litellm"}

@@ -32,8 +32,12 @@ def router_config(threshold: float) -> dict[str, object]:
     """A router config at the simulator's default prices (tier addresses are never called)."""
 
     def tier(name: str, price: tuple[float, float]) -> dict[str, object]:
-        return {"name": name, "base_url": f"http://{name}.invalid/v1", "model": name,
-                "price": {"input_per_mtok": price[0], "output_per_mtok": price[1]}}
+        return {
+            "name": name,
+            "base_url": f"http://{name}.invalid/v1",
+            "model": name,
+            "price": {"input_per_mtok": price[0], "output_per_mtok": price[1]},
+        }
 
     return {
         "tiers": [tier("small", (0.6, 0.6)), tier("large", (10.0, 30.0))],

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from tests.support.proxy import ProxyThread, make_config, tier
 
-HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: 1000\r\n\r\n")
+HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    b"content-length: 1000\r\n\r\n"
+)
 
 
 async def drip(host: str, port: int, results: list[tuple[float, bytes]]) -> None:
@@ -42,9 +44,11 @@ async def run(url: str, connections: int) -> None:
     results: list[tuple[float, bytes]] = []
     t0 = time.monotonic()
     await asyncio.gather(*(drip(host, int(port), results) for _ in range(connections)))
-    print(f"{len(results)} connections; all closed after {time.monotonic() - t0:.1f} s; "
-          f"longest {max(r[0] for r in results):.1f} s; "
-          f"status lines {sorted({r[1].decode(errors='replace') for r in results})}")
+    print(
+        f"{len(results)} connections; all closed after {time.monotonic() - t0:.1f} s; "
+        f"longest {max(r[0] for r in results):.1f} s; "
+        f"status lines {sorted({r[1].decode(errors='replace') for r in results})}"
+    )
 
 
 def main() -> None:
@@ -53,8 +57,11 @@ def main() -> None:
     parser.add_argument("--body-timeout-s", type=float, default=5.0)
     a = parser.parse_args()
     # The upstream is never reached: every request is cut while its body is still arriving.
-    cfg = make_config([tier("main", "http://127.0.0.1:1/v1")], Path(tempfile.mkdtemp()),
-                      server={"body_timeout_s": a.body_timeout_s})
+    cfg = make_config(
+        [tier("main", "http://127.0.0.1:1/v1")],
+        Path(tempfile.mkdtemp()),
+        server={"body_timeout_s": a.body_timeout_s},
+    )
     with ProxyThread(cfg) as proxy:
         asyncio.run(run(proxy.url, a.connections))
 

@@ -98,23 +98,36 @@ def tier(num_pred: int) -> TierConfig:
     """num_pred 0 = plain decoding."""
     port = free_port()
     launch: dict[str, object] = {
-        "engine": "llama_cpp", "model": GGUF, "port": port, "n_ctx": 2048, "n_threads": 1,
+        "engine": "llama_cpp",
+        "model": GGUF,
+        "port": port,
+        "n_ctx": 2048,
+        "n_threads": 1,
         "ready_timeout_s": 120,
-    }  # fmt: skip
+    }
     if num_pred:
         launch["speculative"] = {"method": "prompt_lookup", "num_speculative_tokens": num_pred}
-    return TierConfig.model_validate({
-        "name": f"lookup{num_pred}" if num_pred else "plain",
-        "base_url": f"http://127.0.0.1:{port}/v1", "model": "smol",
-        "price": {"input_per_mtok": 0, "output_per_mtok": 0}, "launch": launch,
-    })  # fmt: skip
+    return TierConfig.model_validate(
+        {
+            "name": f"lookup{num_pred}" if num_pred else "plain",
+            "base_url": f"http://127.0.0.1:{port}/v1",
+            "model": "smol",
+            "price": {"input_per_mtok": 0, "output_per_mtok": 0},
+            "launch": launch,
+        }
+    )
 
 
 def ask(client: httpx.Client, url: str, key: str, prompt: str, max_tokens: int) -> Totals:
     """One streamed request. Tokens = streamed content chunks (llama.cpp sends one per token;
     this server reports no usage in streams)."""
-    body = {"model": "smol", "temperature": 0, "max_tokens": max_tokens, "stream": True,
-            "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+    body = {
+        "model": "smol",
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "messages": [{"role": "user", "content": prompt}],
+    }
     stamps: list[float] = []
     parts: list[str] = []
     t0 = time.perf_counter()
@@ -155,8 +168,7 @@ def eval_stats(num_pred: int, max_tokens: int) -> None:
     from backends.launch import resolve_model_path
 
     draft = LlamaPromptLookupDecoding(num_pred_tokens=num_pred) if num_pred else None
-    llm = Llama(resolve_model_path(GGUF), n_ctx=2048, n_threads=1, verbose=False,
-                draft_model=draft)  # fmt: skip
+    llm = Llama(resolve_model_path(GGUF), n_ctx=2048, n_threads=1, verbose=False, draft_model=draft)
     calls: list[tuple[int, float]] = []
     plain_eval = llm.eval
 
@@ -176,8 +188,10 @@ def eval_stats(num_pred: int, max_tokens: int) -> None:
         n = out["usage"]["completion_tokens"]
         evaluated, seconds = sum(c[0] for c in steps), sum(c[1] for c in steps)
         per_eval, per_token = 1e3 * seconds / evaluated, 1e3 * seconds / n
-        print(f"| {mode_name(num_pred)} | {key} | {n} | {len(steps)} | {n / len(steps):.2f} | "
-              f"{evaluated} | {per_eval:.1f} | {per_token:.1f} |")  # fmt: skip
+        print(
+            f"| {mode_name(num_pred)} | {key} | {n} | {len(steps)} | {n / len(steps):.2f} | "
+            f"{evaluated} | {per_eval:.1f} | {per_token:.1f} |"
+        )
 
 
 def mode_name(num_pred: int) -> str:
@@ -188,15 +202,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--num-pred", type=int, nargs="+", default=[10, 2],
-                        help="draft lengths to compare with plain decoding")  # fmt: skip
-    parser.add_argument("--eval-stats", action="store_true",
-                        help="instead: count model evaluations per token, in process")  # fmt: skip
+    parser.add_argument(
+        "--num-pred",
+        type=int,
+        nargs="+",
+        default=[10, 2],
+        help="draft lengths to compare with plain decoding",
+    )
+    parser.add_argument(
+        "--eval-stats",
+        action="store_true",
+        help="instead: count model evaluations per token, in process",
+    )
     args = parser.parse_args()
     modes = [0, *args.num_pred]
     if args.eval_stats:
-        print("| mode | prompt | tokens | decode evals | tokens per eval | tokens evaluated |"
-              " ms per evaluated token | ms per generated token |")  # fmt: skip
+        print(
+            "| mode | prompt | tokens | decode evals | tokens per eval | tokens evaluated |"
+            " ms per evaluated token | ms per generated token |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for m in modes:
             eval_stats(m, args.max_tokens)
@@ -213,17 +237,21 @@ def main() -> None:
             print(f"round {r + 1} {mode_name(m)}: {line}", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     print()
-    print("| prompts | mode | end-to-end tok/s | decode tok/s | decode speed-up vs plain |"
-          " tokens | same text as plain (T=0) |")  # fmt: skip
+    print(
+        "| prompts | mode | end-to-end tok/s | decode tok/s | decode speed-up vs plain |"
+        " tokens | same text as plain (T=0) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for g in GROUPS:
         base = totals[0][g]
         for m in modes:
             t = totals[m][g]
             same = sum(t.outputs[k] == base.outputs[k] for k in base.outputs)
-            print(f"| {g} | {mode_name(m)} | {t.tok_s:.1f} | {t.decode_tok_s:.1f} | "
-                  f"{t.decode_tok_s / base.decode_tok_s:.2f}x | {t.tokens} | "
-                  f"{same}/{len(base.outputs)} |")  # fmt: skip
+            print(
+                f"| {g} | {mode_name(m)} | {t.tok_s:.1f} | {t.decode_tok_s:.1f} | "
+                f"{t.decode_tok_s / base.decode_tok_s:.2f}x | {t.tokens} | "
+                f"{same}/{len(base.outputs)} |"
+            )
 
 
 if __name__ == "__main__":

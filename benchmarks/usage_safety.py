@@ -43,25 +43,39 @@ def _auth(team: str) -> dict[str, str]:
 
 def _config(path: Path, upstream: str, redis_url: str, prefix: str) -> None:
     cfg = {
-        "tiers": [{"name": "small", "base_url": upstream, "model": "echo-small",
-                   "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}, "timeout_s": 600}],
+        "tiers": [
+            {
+                "name": "small",
+                "base_url": upstream,
+                "model": "echo-small",
+                "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+                "timeout_s": 600,
+            }
+        ],
         # One team per scenario, each with a $5 limit: a scenario that overspends its team
         # must not turn the next one into a 429.
         "teams": {t: {"budget": {"limit_usd": 5.0, "period": "total"}} for t in TEAMS},
         "keys": [{"key_sha256": hash_key(_key(t)), "team": t} for t in TEAMS],
         # Not enforced, so a request without max_tokens streams with no completion bound: the
         # router then counts the whole stream (the "unbounded" scenarios).
-        "budgets": {"store": "redis", "redis_url": redis_url, "key_prefix": prefix,
-                    "enforce_max_tokens": False},
+        "budgets": {
+            "store": "redis",
+            "redis_url": redis_url,
+            "key_prefix": prefix,
+            "enforce_max_tokens": False,
+        },
         "signals": {"enabled": False},
         "traces": {"path": None},
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(cfg))
 
 
 def _ask(fault: str, bounded: bool = True, **meta: str) -> dict[str, Any]:
-    body = {"model": "small", "messages": [{"role": "user", "content": f"about {fault}"}],
-            "metadata": {"fault": fault, **meta}}  # fmt: skip
+    body = {
+        "model": "small",
+        "messages": [{"role": "user", "content": f"about {fault}"}],
+        "metadata": {"fault": fault, **meta},
+    }
     return {**body, "max_tokens": 50} if bounded else body
 
 
@@ -76,10 +90,19 @@ class Proxy:
     def __init__(self, checkout: Path, config: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "router.cli", "serve", "-c", str(config), "--port",
-                str(self.port)]  # fmt: skip
-        self.proc = subprocess.Popen(argv, cwd=checkout, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "router.cli",
+            "serve",
+            "-c",
+            str(config),
+            "--port",
+            str(self.port),
+        ]
+        self.proc = subprocess.Popen(
+            argv, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -92,10 +115,14 @@ class Proxy:
             time.sleep(0.2)
 
     def budget(self, team: str) -> dict[str, Any]:
-        scope = httpx.get(self.url + "/v1/budget", headers=_auth(team),
-                          timeout=300).json()["scopes"][0]  # fmt: skip
-        return {"spent_usd": scope["spent_usd"], "reserved_usd": scope["reserved_usd"],
-                "limit_usd": scope["limit_usd"]}
+        scope = httpx.get(self.url + "/v1/budget", headers=_auth(team), timeout=300).json()[
+            "scopes"
+        ][0]
+        return {
+            "spent_usd": scope["spent_usd"],
+            "reserved_usd": scope["reserved_usd"],
+            "limit_usd": scope["limit_usd"],
+        }
 
     def settled(self, team: str) -> dict[str, Any]:
         """The team's budget once nothing is reserved (every settle has landed)."""
@@ -110,8 +137,7 @@ class Proxy:
 
 
 def _post(proxy: Proxy, team: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=_auth(team),
-                   timeout=120)
+    r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=_auth(team), timeout=120)
     return {"status": r.status_code, "charged_usd": r.headers.get("x-router-cost-usd")}
 
 
@@ -119,16 +145,27 @@ def _stream(proxy: Proxy, team: str, body: dict[str, Any]) -> dict[str, Any]:
     full = {**body, "stream": True, "stream_options": {"include_usage": True}}
     last: list[bytes] = []
     size = 0
-    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=full,
-                      headers=_auth(team), timeout=900) as r:
+    with httpx.stream(
+        "POST", proxy.url + "/v1/chat/completions", json=full, headers=_auth(team), timeout=900
+    ) as r:
         for chunk in r.iter_bytes():  # never held whole: the client side stays small
             size += len(chunk)
             last = [*last, chunk][-4:]
     events = [e[6:] for e in b"".join(last).split(b"\n\n") if e.startswith(b"data: ")]
-    usage = next((orjson.loads(e).get("usage") for e in reversed(events)
-                  if e.startswith(b"{") and b'"usage"' in e), None)  # fmt: skip
-    return {"status": r.status_code, "bytes": size, "ends_with": events[-1][:60].decode() if
-            events else None, "charged_usd": (usage or {}).get("cost_usd")}
+    usage = next(
+        (
+            orjson.loads(e).get("usage")
+            for e in reversed(events)
+            if e.startswith(b"{") and b'"usage"' in e
+        ),
+        None,
+    )
+    return {
+        "status": r.status_code,
+        "bytes": size,
+        "ends_with": events[-1][:60].decode() if events else None,
+        "charged_usd": (usage or {}).get("cost_usd"),
+    }
 
 
 def _during(proxy: Proxy, team: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -153,8 +190,12 @@ def _during(proxy: Proxy, team: str, body: dict[str, Any]) -> dict[str, Any]:
     finally:
         done.set()
         t.join(timeout=300)
-    return {**out, "seconds": round(time.perf_counter() - t0, 2),
-            "slowest_healthz_s": round(slowest[0], 3), "max_reserved_usd": reserved[0]}
+    return {
+        **out,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "slowest_healthz_s": round(slowest[0], 3),
+        "max_reserved_usd": reserved[0],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,18 +221,21 @@ def main(argv: list[str] | None = None) -> None:
             report["negative_usage_stream"] = _stream(proxy, "negative", _ask("negative_usage"))
             report["negative_team_after"] = proxy.settled("negative")
             report[f"stream_{a.mb}mb_no_usage"] = _during(
-                proxy, "no_usage", _ask("stream_huge_no_usage", fault_mb=a.mb))
+                proxy, "no_usage", _ask("stream_huge_no_usage", fault_mb=a.mb)
+            )
             report["no_usage_team"] = proxy.settled("no_usage")
             report[f"stream_{a.mb}mb_no_usage_no_max_tokens"] = _during(
-                proxy, "unbounded", _ask("stream_huge_no_usage", False, fault_mb=a.mb))
+                proxy, "unbounded", _ask("stream_huge_no_usage", False, fault_mb=a.mb)
+            )
             report["unbounded_team"] = proxy.settled("unbounded")
             if float(a.rss_mb) > 0:  # no max_tokens: the whole stream is counted
                 before = _hwm_mb(proxy.proc.pid)
-                out = _stream(proxy, "rss", _ask("stream_huge_no_usage", False,
-                                                  fault_mb=a.rss_mb))  # fmt: skip
+                out = _stream(proxy, "rss", _ask("stream_huge_no_usage", False, fault_mb=a.rss_mb))
                 report[f"stream_{a.rss_mb}mb_rss"] = {
-                    **out, "peak_rss_mb_before": round(before, 1),
-                    "peak_rss_mb_after": round(_hwm_mb(proxy.proc.pid), 1)}
+                    **out,
+                    "peak_rss_mb_before": round(before, 1),
+                    "peak_rss_mb_after": round(_hwm_mb(proxy.proc.pid), 1),
+                }
         finally:
             proxy.stop()
     print(json.dumps(report, indent=2))

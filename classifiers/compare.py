@@ -96,9 +96,12 @@ def paired_arrays(who: str, *arrays: np.ndarray) -> list[np.ndarray]:
 
 
 def apgr_gain(
-    current: np.ndarray, new: np.ndarray, small: np.ndarray, large: np.ndarray,
-    rounds: int = 1000, seed: int = 0,
+    current: np.ndarray,
+    new: np.ndarray,
+    small: np.ndarray,
+    large: np.ndarray,
+    rounds: int = 1000,
+    seed: int = 0,
 ) -> Estimate:
     """APGR(new) - APGR(current) with its paired 95% interval: the promotion gate's figure."""
     return paired_bootstrap(apgr, current, new, small, large, rounds, seed)
-

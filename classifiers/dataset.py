@@ -208,9 +208,7 @@ class _Beside:
 def beside_outcomes(trace: Path) -> _Beside:
     """The label and feedback outcomes beside one trace file, for readers that stream a trace
     record by record (`drift report`) and merge by the same rule: `.outcomes(record)`."""
-    return _Beside(
-        merged_outcomes(labels_path_for(trace)), load_feedback(feedback_path_for(trace))
-    )
+    return _Beside(merged_outcomes(labels_path_for(trace)), load_feedback(feedback_path_for(trace)))
 
 
 def _benchmark_of(csv_file: Path, root: Path) -> str:
@@ -246,9 +244,7 @@ def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, row
     rows.files.append(str(path))
 
 
-def _outcome(
-    outcomes: dict[str, float] | None, name: str, where: str, required: bool
-) -> float:
+def _outcome(outcomes: dict[str, float] | None, name: str, where: str, required: bool) -> float:
     if outcomes is None or name not in outcomes:
         if required:
             have = ", ".join(sorted(outcomes or {})) or "none"
@@ -352,8 +348,12 @@ def load_dataset(
                 )
             else:
                 _read_csv(
-                    file, root, small or DEFAULT_SMALL, large or DEFAULT_LARGE,
-                    exclude_contaminated, rows,
+                    file,
+                    root,
+                    small or DEFAULT_SMALL,
+                    large or DEFAULT_LARGE,
+                    exclude_contaminated,
+                    rows,
                 )
     if not rows.files:
         raise DatasetError(f"no .csv or .jsonl files under {', '.join(map(str, roots))}")

@@ -150,9 +150,7 @@ class _Heads:
             self.parts[head].append(out)
 
 
-def _text_block(
-    graph: _Graph, vectorizer: TfidfVectorizer, column: str, w: np.ndarray
-) -> str:
+def _text_block(graph: _Graph, vectorizer: TfidfVectorizer, column: str, w: np.ndarray) -> str:
     """(tfidf @ w) / ||tfidf|| for one vectorizer, w [vocabulary, outputs] in vocabulary order."""
     attributes, columns = ordered_pool(vectorizer)  # refuses settings the graph cannot reproduce
     if vectorizer.use_idf:
@@ -216,8 +214,9 @@ def _prior_logits(graph: _Graph, heads: _Heads, prior: SourcePrior, coef: np.nda
     """The final model's logits from the source prior's column: column @ coef[:, -1]."""
     _w, intercept = _softmax_weights(prior.classifier_)
     bias = graph.const("prior_intercept", (intercept + heads.offsets[1]).astype(np.float32))
-    proba = graph.op("Softmax", [graph.op("Sum", [*heads.parts[1], bias], "prior_sum")], "prior_p",
-                     axis=1)
+    proba = graph.op(
+        "Softmax", [graph.op("Sum", [*heads.parts[1], bias], "prior_sum")], "prior_p", axis=1
+    )
     values = graph.const("prior_values", np.asarray(prior.values_, np.float32)[:, None])
     column = graph.op("MatMul", [proba, values], "prior_column")
     scale = graph.const("prior_coef", coef[:, -1:].T.astype(np.float32))

@@ -389,5 +389,3 @@ def char_ids(texts: Sequence[str]) -> np.ndarray:
     out = np.full((len(texts), width), PAD_ID, np.int64)
     out[np.arange(width) < lengths[:, None]] = ids
     return out
-
-

@@ -26,8 +26,7 @@ def shared() -> Any:
     return _SHARED
 
 
-def forked_map(fn: Callable[[T], R], items: Sequence[T], data: Any,
-               jobs: int = 1) -> Iterator[R]:  # fmt: skip
+def forked_map(fn: Callable[[T], R], items: Sequence[T], data: Any, jobs: int = 1) -> Iterator[R]:
     """`fn` of each item, in order, lazily, each `fn` reading `data` through `shared()`. With
     `jobs` > 1, in that many forked worker processes (ProcessPoolExecutor.map); else here, one
     item per `next()`. The results do not depend on `jobs`."""

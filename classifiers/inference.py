@@ -56,9 +56,7 @@ def _session(path: Path, threads: int) -> ort.InferenceSession:
 class DifficultyScorer:
     """A loaded classifier; thread-safe (onnxruntime sessions may be run concurrently)."""
 
-    def __init__(
-        self, session: ort.InferenceSession, path: Path, metadata: dict[str, Any]
-    ) -> None:
+    def __init__(self, session: ort.InferenceSession, path: Path, metadata: dict[str, Any]) -> None:
         self.path = path
         # Big batches: overlap Python preprocessing with onnxruntime (see score_texts).
         self.overlap = True

@@ -65,8 +65,9 @@ def holdouts(ds: RoutingDataset, seed: int = 0) -> list[Holdout]:
     if len(names) > 1:
         for name in names:
             others = "+".join(n for n in names if n != name)
-            out.append(Holdout(f"{name} (trained on {others})", rows[bench != name],
-                               rows[bench == name]))  # fmt: skip
+            out.append(
+                Holdout(f"{name} (trained on {others})", rows[bench != name], rows[bench == name])
+            )
     rng = np.random.default_rng(seed)
     for name in names:
         mine = rows[bench == name]
@@ -102,8 +103,9 @@ class LosoReport:
         by: dict[str, list[float]] = {}
         for r in self.results:
             by.setdefault(r.recipe, []).append(r.apgr.value)
-        return {k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
-                for k, v in by.items()}  # fmt: skip
+        return {
+            k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for k, v in by.items()
+        }
 
     def removal_effect(self, recipe: str) -> Estimate | None:
         """What leaving a recipe's parts out does to held-out APGR: the mean over holdouts of
@@ -112,13 +114,18 @@ class LosoReport:
         its standard error). Holdouts on which the two cannot differ (a paired interval of
         exactly [0, 0]: both score every held-out prompt alike) say nothing and are left out;
         None when no holdout is left."""
-        deltas = [r.delta for r in self.results if r.recipe == recipe and r.delta is not None
-                  and np.isfinite(r.delta.value) and (r.delta.low, r.delta.high) != (0.0, 0.0)]
+        deltas = [
+            r.delta
+            for r in self.results
+            if r.recipe == recipe
+            and r.delta is not None
+            and np.isfinite(r.delta.value)
+            and (r.delta.low, r.delta.high) != (0.0, 0.0)
+        ]
         if not deltas:
             return None
         mean = float(np.mean([d.value for d in deltas]))
-        se = float(np.sqrt(sum(((d.high - d.low) / (2 * 1.96)) ** 2 for d in deltas))
-                   / len(deltas))  # fmt: skip
+        se = float(np.sqrt(sum(((d.high - d.low) / (2 * 1.96)) ** 2 for d in deltas)) / len(deltas))
         return Estimate(mean, mean - 1.96 * se, mean + 1.96 * se, sum(d.n for d in deltas))
 
     def choose(self) -> tuple[str, list[str]]:
@@ -144,18 +151,20 @@ class LosoReport:
                 why.append(f"without {parts[0]}: no holdout tells the two apart -> keep it")
                 continue
             lowers = effect.low > 0
-            why.append(f"without {parts[0]}: mean held-out APGR {effect.value:+.3f} "
-                       f"[{effect.low:+.3f}, {effect.high:+.3f}] -> "
-                       f"{'drop it (it lowers held-out APGR)' if lowers else 'keep it'}")
+            why.append(
+                f"without {parts[0]}: mean held-out APGR {effect.value:+.3f} "
+                f"[{effect.low:+.3f}, {effect.high:+.3f}] -> "
+                f"{'drop it (it lowers held-out APGR)' if lowers else 'keep it'}"
+            )
             if lowers:
                 drop.add(parts[0])
         chosen = next((n for n, p in RECIPES.items() if set(p) == drop and n in means), None)
         if chosen is None:
-            candidates = ["shipped"] + [n for n, p in RECIPES.items()
-                                        if n in means and p and set(p) <= drop]  # fmt: skip
+            candidates = ["shipped"] + [
+                n for n, p in RECIPES.items() if n in means and p and set(p) <= drop
+            ]
             chosen = max(candidates, key=lambda k: means[k])
-        why.append(f"chosen: {chosen} (mean held-out APGR {means[chosen]:.3f}; shipped "
-                   f"{base:.3f})")  # fmt: skip
+        why.append(f"chosen: {chosen} (mean held-out APGR {means[chosen]:.3f}; shipped {base:.3f})")
         return chosen, why
 
     def lines(self) -> list[str]:
@@ -163,8 +172,7 @@ class LosoReport:
         out = [f"{'recipe':<16} {'held out':<38} {'APGR (95%)':<22} {'AUC':<6} vs {first}"]
         for r in self.results:
             delta = "" if r.delta is None else str(r.delta)
-            out.append(f"{r.recipe:<16} {r.holdout:<38} {r.apgr!s:<22} {r.auc.value:<6.3f} "
-                       f"{delta}")  # fmt: skip
+            out.append(f"{r.recipe:<16} {r.holdout:<38} {r.apgr!s:<22} {r.auc.value:<6.3f} {delta}")
         means = self.mean_apgr()
         out.append("mean held-out APGR: " + ", ".join(f"{k} {v:.3f}" for k, v in means.items()))
         out.extend(self.choose()[1])
@@ -176,12 +184,22 @@ class LosoReport:
 
         chosen, why = self.choose()
         return {
-            "results": [{"recipe": r.recipe, "holdout": r.holdout, "apgr": est(r.apgr),
-                         "auc": est(r.auc), "apgr_vs_first": est(r.delta)}
-                        for r in self.results],  # fmt: skip
-            "mean_apgr": self.mean_apgr(), "train_rows": self.train_rows,
-            "test_rows": self.test_rows, "chosen": chosen, "why": why,
-        }  # fmt: skip
+            "results": [
+                {
+                    "recipe": r.recipe,
+                    "holdout": r.holdout,
+                    "apgr": est(r.apgr),
+                    "auc": est(r.auc),
+                    "apgr_vs_first": est(r.delta),
+                }
+                for r in self.results
+            ],
+            "mean_apgr": self.mean_apgr(),
+            "train_rows": self.train_rows,
+            "test_rows": self.test_rows,
+            "chosen": chosen,
+            "why": why,
+        }
 
 
 def loso_report(
@@ -200,8 +218,10 @@ def loso_report(
     single-threaded; the results do not depend on `jobs`)."""
     splits = holdouts(ds, base.seed)
     if not splits:
-        raise ValueError("leave-one-source-out needs 2+ benchmarks, or one of 4+ sources "
-                         f"(got {', '.join(ds.benchmarks) or 'none'})")  # fmt: skip
+        raise ValueError(
+            "leave-one-source-out needs 2+ benchmarks, or one of 4+ sources "
+            f"(got {', '.join(ds.benchmarks) or 'none'})"
+        )
     rng = np.random.default_rng(base.seed)
     data = frame(ds.prompts)  # once: every fit takes its rows from it
     labels = gain_class(ds.small, ds.large, base.margin)
@@ -229,12 +249,18 @@ def loso_report(
         if fit.holdout not in first:
             first[fit.holdout] = scores
         else:
-            delta = paired_bootstrap(METRICS["APGR"], first[fit.holdout], scores, small, large,
-                                     rounds, base.seed)  # fmt: skip
-        results.append(Result(
-            fit.recipe, fit.holdout,
-            bootstrap(METRICS["APGR"], scores, small, large, rounds, base.seed),
-            bootstrap(METRICS["AUC"], scores, small, large, rounds, base.seed), delta))
+            delta = paired_bootstrap(
+                METRICS["APGR"], first[fit.holdout], scores, small, large, rounds, base.seed
+            )
+        results.append(
+            Result(
+                fit.recipe,
+                fit.holdout,
+                bootstrap(METRICS["APGR"], scores, small, large, rounds, base.seed),
+                bootstrap(METRICS["AUC"], scores, small, large, rounds, base.seed),
+                delta,
+            )
+        )
     return LosoReport(results, train_rows, test_rows)
 
 

@@ -54,7 +54,6 @@ def read_scores(path: str | Path, field: str = "score") -> dict[str, float]:
             out[str(record["request_id"])] = float(record[field])
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             raise ValueError(
-                f"{p}: line {number}: expected an object with 'request_id' and a number "
-                f"'{field}'"
+                f"{p}: line {number}: expected an object with 'request_id' and a number '{field}'"
             ) from None
     return out

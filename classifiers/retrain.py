@@ -128,8 +128,12 @@ def train_model(
             texts = [dataset.prompts[i] for i in oof.rows]
             current = scorer.score_texts(texts)
             comparison = compare_models(
-                current, oof.scores, dataset.small[oof.rows], dataset.large[oof.rows],
-                options.rounds, options.config.seed,
+                current,
+                oof.scores,
+                dataset.small[oof.rows],
+                dataset.large[oof.rows],
+                options.rounds,
+                options.config.seed,
             )
             if note := in_sample_note(scorer.path, texts, "the current model's figures"):
                 warnings.append(note)
@@ -164,7 +168,8 @@ def train_model(
         ids = [dataset.ids[i] for i in oof.rows]
         write_oof(oof_file, ids, oof.scores.tolist(), oof.folds.tolist(), current.tolist())
         ScoreReference.from_scores(oof.scores, source=oof_file.name, model=out.name).save(
-            reference_path_for(out))
+            reference_path_for(out)
+        )
     return TrainReport(out, meta, n_own, base_rows, oof, oof_file, comparison, warnings)
 
 

@@ -162,8 +162,13 @@ class SourcePrior(TransformerMixin, BaseEstimator):
     """
 
     def __init__(
-        self, start: int = 0, stop: int = 0, C: float = 1.0, weight: float = 1.0,
-        folds: int = 5, seed: int = 0,
+        self,
+        start: int = 0,
+        stop: int = 0,
+        C: float = 1.0,
+        weight: float = 1.0,
+        folds: int = 5,
+        seed: int = 0,
     ) -> None:
         self.start = start
         self.stop = stop
@@ -371,8 +376,11 @@ def out_of_fold(
     own = np.ones(len(rows), bool) if evaluated is None else np.asarray(evaluated, bool)[rows]
     if inputs is not None and len(inputs) != len(dataset):
         raise ValueError(f"inputs has {len(inputs)} rows for {len(dataset)} prompts")
-    data = (frame([dataset.prompts[i] for i in rows]) if inputs is None
-            else inputs.iloc[rows].reset_index(drop=True))  # fmt: skip
+    data = (
+        frame([dataset.prompts[i] for i in rows])
+        if inputs is None
+        else inputs.iloc[rows].reset_index(drop=True)
+    )
     sources = dataset.source[rows]
     w = None if weights is None else np.asarray(weights, np.float64)[rows]
     own_idx, base_idx = np.flatnonzero(own), np.flatnonzero(~own)
@@ -390,7 +398,10 @@ def out_of_fold(
         train, test = np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
         fit_idx = np.concatenate([base_idx, own_idx[train]])
         pipeline = fit_frame(
-            data.iloc[fit_idx], labels[fit_idx], config, sources[fit_idx],
+            data.iloc[fit_idx],
+            labels[fit_idx],
+            config,
+            sources[fit_idx],
             None if w is None else w[fit_idx],
         )
         scores[test] = predict_scores(pipeline, data.iloc[own_idx[test]])

@@ -1,6 +1,6 @@
 """Operator actions on keys, teams and budgets: the one implementation behind both the CLI
 (`cost-router keys|budget ...`, router/commands/budget.py) and the HTTP admin API
-(`/admin/v1/...`, router/admin_api.py). Each caller only parses its input and formats the
+(`/admin/v1/...`, router/endpoints/admin.py). Each caller only parses its input and formats the
 result; what an action does, and what it refuses, is decided here.
 """
 
@@ -45,8 +45,9 @@ class AdminAuth:
         no key, unknown or revoked key) or NotAdmin (403: a team's key)."""
         token = bearer_token(authorization)
         if token is None:
-            raise AuthError("Missing admin key: send 'Authorization: Bearer <admin key>'.",
-                            "missing_api_key")  # fmt: skip
+            raise AuthError(
+                "Missing admin key: send 'Authorization: Bearer <admin key>'.", "missing_api_key"
+            )
         digest = hash_key(token)
         if digest in self._keys:
             return self._keys[digest] or key_id_of(digest)
@@ -149,8 +150,11 @@ class Admin:
             stored = await self.store.spend(name)
             rebuilt = spend_from_ledger(await self.store.ledger(name))
             for scope, pid in sorted(set(stored) | set(rebuilt)):
-                rows.append(AuditRow(name, scope, pid, stored.get((scope, pid), 0),
-                                     rebuilt.get((scope, pid), 0)))  # fmt: skip
+                rows.append(
+                    AuditRow(
+                        name, scope, pid, stored.get((scope, pid), 0), rebuilt.get((scope, pid), 0)
+                    )
+                )
         return rows
 
 
@@ -158,17 +162,35 @@ class Admin:
 
 
 def key_json(r: KeyRecord) -> dict[str, Any]:
-    return {"key_id": r.key_id, "team": r.team, "user": r.user, "name": r.name,
-            "source": r.source, "created": r.created, "revoked": r.revoked}  # fmt: skip
+    return {
+        "key_id": r.key_id,
+        "team": r.team,
+        "user": r.user,
+        "name": r.name,
+        "source": r.source,
+        "created": r.created,
+        "revoked": r.revoked,
+    }
 
 
 def ledger_json(e: LedgerEntry) -> dict[str, Any]:
-    return {"request_id": e.request_id, "key_id": e.key_id, "usd": nanos_to_usd(e.nanos),
-            "kind": e.kind, "overage_usd": nanos_to_usd(e.overage_nanos), "periods": e.periods,
-            "time": e.time}  # fmt: skip
+    return {
+        "request_id": e.request_id,
+        "key_id": e.key_id,
+        "usd": nanos_to_usd(e.nanos),
+        "kind": e.kind,
+        "overage_usd": nanos_to_usd(e.overage_nanos),
+        "periods": e.periods,
+        "time": e.time,
+    }
 
 
 def audit_json(r: AuditRow) -> dict[str, Any]:
-    return {"team": r.team, "scope": r.scope, "period_id": r.period_id,
-            "stored_usd": nanos_to_usd(r.stored_nanos),
-            "ledger_usd": nanos_to_usd(r.ledger_nanos), "ok": r.ok}  # fmt: skip
+    return {
+        "team": r.team,
+        "scope": r.scope,
+        "period_id": r.period_id,
+        "stored_usd": nanos_to_usd(r.stored_nanos),
+        "ledger_usd": nanos_to_usd(r.ledger_nanos),
+        "ok": r.ok,
+    }

@@ -72,8 +72,9 @@ class BudgetPacingPolicy:
     def with_threshold(self, threshold: float) -> BudgetPacingPolicy:
         """At another base threshold; the ceiling rises to a base above it (never below it)."""
         top = max(self.max_threshold, float(threshold))
-        return BudgetPacingPolicy(self.name, self.small, self.large, threshold, top, self.slack,
-                                  self.reserve)
+        return BudgetPacingPolicy(
+            self.name, self.small, self.large, threshold, top, self.slack, self.reserve
+        )
 
     def effective_threshold(self, budget: BudgetView | None) -> float:
         if budget is None:

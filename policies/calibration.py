@@ -79,37 +79,47 @@ class CalibrateParams(BaseModel):
         default=1.0, ge=0, le=1, description="the threshold never goes above this"
     )
     max_step: float = Field(
-        default=0.02, gt=0, le=1,
+        default=0.02,
+        gt=0,
+        le=1,
         description="largest change of the threshold per update (one update per push of any "
         "replica)",
     )
     every_n_requests: int = Field(
-        default=20, ge=1,
+        default=20,
+        ge=1,
         description="each replica pushes its new scores to the shared state after this many",
     )
     warmup_requests: int = Field(
-        default=200, ge=0,
+        default=200,
+        ge=0,
         description="scores (all replicas) seen before the threshold moves; until then the "
         "starting threshold holds",
     )
     window_requests: int = Field(
-        default=1000, ge=10,
+        default=1000,
+        ge=10,
         description="the recent scores the quantile is taken over: each new score decays the "
         "older ones by (1 - 1/window_requests), so about this many requests of all replicas",
     )
     shift_delta: float = Field(
-        default=0.1, ge=0, lt=0.5,
+        default=0.1,
+        ge=0,
+        lt=0.5,
         description="change detection: a CUSUM watches the share sent large at the threshold in "
         "force for a shift of this size from the target; when it fires, older scores are dropped "
         "so the quantile follows the new traffic at once instead of over a whole window (0: off)",
     )
     shift_limit: float = Field(
-        default=5.0, gt=0,
+        default=5.0,
+        gt=0,
         description="the CUSUM's decision limit (log-likelihood ratio): higher fires later and "
         "less often by chance",
     )
     start_threshold: float | None = Field(
-        default=None, ge=0, le=1,
+        default=None,
+        ge=0,
+        le=1,
         description="threshold before calibration has data; None: the reference trace's "
         "conversion of the target, or the classifier card's threshold without a trace",
     )
@@ -179,7 +189,7 @@ def advance(
     if state.seen >= p.warmup_requests and p.shift_delta > 0 and 0 < s.target < 1:
         # Bernoulli CUSUM (batched) on "sent large at the threshold in force", in control at the
         # target: a sustained shift of shift_delta reaches the limit within a few dozen requests.
-        k = float(pending[int(np.ceil(state.threshold * BINS - 1e-9)):].sum())
+        k = float(pending[int(np.ceil(state.threshold * BINS - 1e-9)) :].sum())
         up = max(0.0, up + _llr(k, m, s.target, min(s.target + p.shift_delta, 1 - 1e-6)))
         down = max(0.0, down + _llr(k, m, s.target, max(s.target - p.shift_delta, 1e-6)))
         if up >= p.shift_limit or down >= p.shift_limit:
@@ -190,8 +200,11 @@ def advance(
     if seen >= p.warmup_requests:
         # Just under 1: a share of 1 must not miss the bottom bin by a rounding error.
         q = quantile_from_counts(counts, min(s.target, 1 - 1e-12))
-        threshold = clamp(clamp(q, threshold - p.max_step, threshold + p.max_step),
-                          p.min_threshold, p.max_threshold)
+        threshold = clamp(
+            clamp(q, threshold - p.max_step, threshold + p.max_step),
+            p.min_threshold,
+            p.max_threshold,
+        )
         updates += 1
     return SharedCalibration(counts, threshold, seen, updates, s.tag, up, down, resets)
 
@@ -256,10 +269,21 @@ class RedisCalibrationStore:
         reply = await self._script(
             keys=[self.key(key)],
             args=[
-                ",".join(map(str, sparse)), m, repr(s.first_threshold), repr(s.target),
-                p.window_requests, p.warmup_requests, repr(p.min_threshold),
-                repr(p.max_threshold), repr(p.max_step), BINS, s.tag, STATE_TTL_S,
-                repr(COUNT_FLOOR), repr(p.shift_delta), repr(p.shift_limit),
+                ",".join(map(str, sparse)),
+                m,
+                repr(s.first_threshold),
+                repr(s.target),
+                p.window_requests,
+                p.warmup_requests,
+                repr(p.min_threshold),
+                repr(p.max_threshold),
+                repr(p.max_step),
+                BINS,
+                s.tag,
+                STATE_TTL_S,
+                repr(COUNT_FLOOR),
+                repr(p.shift_delta),
+                repr(p.shift_limit),
             ],
         )
         return CalibrationReply(float(_text(reply[0])), int(reply[1]), int(reply[2]))
@@ -271,9 +295,16 @@ class RedisCalibrationStore:
         packed = raw.get(b"counts", raw.get("counts"))
         data = {_text(k): _text(v) for k, v in raw.items() if _text(k) != "counts"}
         counts = np.frombuffer(packed, dtype="<f8").copy()  # calibrate.lua's layout
-        return SharedCalibration(counts, float(data["threshold"]), int(data["seen"]),
-                                 int(data["updates"]), data["tag"], float(data["cusum_up"]),
-                                 float(data["cusum_down"]), int(data["resets"]))
+        return SharedCalibration(
+            counts,
+            float(data["threshold"]),
+            int(data["seen"]),
+            int(data["updates"]),
+            data["tag"],
+            float(data["cusum_up"]),
+            float(data["cusum_down"]),
+            int(data["resets"]),
+        )
 
 
 def calibration_store(budget_store: Any, prefix: str) -> CalibrationStore:
@@ -356,9 +387,14 @@ class Calibrator:
         except Exception as exc:  # noqa: BLE001 - calibration must never fail a request
             self.failures += 1
             if self.failures == 1 or self.failures % 100 == 0:
-                log.warning("calibration of policy %s: shared state unreachable (%s: %s); "
-                            "keeping threshold %.4f", self.key, type(exc).__name__, exc,
-                            self.threshold)
+                log.warning(
+                    "calibration of policy %s: shared state unreachable (%s: %s); "
+                    "keeping threshold %.4f",
+                    self.key,
+                    type(exc).__name__,
+                    exc,
+                    self.threshold,
+                )
             if self._n + n <= self.settings.params.window_requests:
                 self._pending = (np.asarray(self._pending) + pending).tolist()
                 self._n += n
@@ -388,8 +424,9 @@ class CalibratingPolicy(TunableWrapper):
         """The same calibrating policy starting from `threshold` (a calibrator of its own that
         has seen nothing yet: it holds `threshold` through the warm-up)."""
         settings = replace(self.calibrator.settings, start=threshold)
-        return CalibratingPolicy(self.inner.with_threshold(threshold),
-                                 Calibrator(self.calibrator.key, settings))
+        return CalibratingPolicy(
+            self.inner.with_threshold(threshold), Calibrator(self.calibrator.key, settings)
+        )
 
     def current(self) -> Tunable:
         """The inner policy at the threshold in force (rebuilt only when it moved)."""
@@ -412,9 +449,12 @@ def carry_calibration(old: Mapping[str, Any], new: Mapping[str, Any]) -> int:
     carried = 0
     for name, policy in new.items():
         before = old.get(name)
-        if (isinstance(policy, CalibratingPolicy) and isinstance(before, CalibratingPolicy)
-                and before.calibrator.loaded
-                and before.calibrator.settings.tag == policy.calibrator.settings.tag):
+        if (
+            isinstance(policy, CalibratingPolicy)
+            and isinstance(before, CalibratingPolicy)
+            and before.calibrator.loaded
+            and before.calibrator.settings.tag == policy.calibrator.settings.tag
+        ):
             b = before.calibrator
             policy.calibrator.adopt(CalibrationReply(b.threshold, b.seen, b.updates))
             carried += 1
@@ -457,7 +497,9 @@ class ReplayCursor:
 
 
 def replay_decisions(
-    policy: CalibratingPolicy, scores: np.ndarray, ctx: BatchContext = NO_CONTEXT,
+    policy: CalibratingPolicy,
+    scores: np.ndarray,
+    ctx: BatchContext = NO_CONTEXT,
     replicas: int = 1,
 ) -> CalibratedReplay:
     """Replay `scores` in arrival order through `replicas` calibrators sharing one state (the
@@ -499,7 +541,22 @@ def _rows(ctx: BatchContext, rows: np.ndarray) -> BatchContext:
     return BatchContext(units=units, budget=ctx.budget, waiting=waiting)
 
 
-__all__ = ["BINS", "CalibrateParams", "CalibratedReplay", "CalibratingPolicy", "ReplayCursor",
-           "CalibrationReply", "CalibrationSettings", "CalibrationStore", "Calibrator",
-           "MemoryCalibrationStore", "RedisCalibrationStore", "SharedCalibration", "advance",
-           "build_calibrating", "calibration_store", "carry_calibration", "replay_decisions"]
+__all__ = [
+    "BINS",
+    "CalibrateParams",
+    "CalibratedReplay",
+    "CalibratingPolicy",
+    "ReplayCursor",
+    "CalibrationReply",
+    "CalibrationSettings",
+    "CalibrationStore",
+    "Calibrator",
+    "MemoryCalibrationStore",
+    "RedisCalibrationStore",
+    "SharedCalibration",
+    "advance",
+    "build_calibrating",
+    "calibration_store",
+    "carry_calibration",
+    "replay_decisions",
+]

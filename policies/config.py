@@ -10,11 +10,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from backends.config import StrictModel
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
+from trace_format.config_base import StrictModel
 
 
 class PolicyConfig(StrictModel):
@@ -84,7 +80,8 @@ class ExperimentConfig(StrictModel):
 class BudgetLimit(StrictModel):
     limit_usd: float | None = Field(default=None, ge=0)
     period: Literal["hourly", "daily", "weekly", "monthly", "total"] = Field(
-        default="monthly", description="the window spend resets on (policies/budgets/periods.py "
+        default="monthly",
+        description="the window spend resets on (policies/budgets/periods.py "
         "PERIODS): local hour, midnight, Monday midnight or the 1st in budgets.timezone; total "
         "never resets",
     )
@@ -135,12 +132,14 @@ class BudgetsConfig(StrictModel):
         "redis:// or rediss:// address of any node (the client discovers the rest), db 0",
     )
     redis_wait_replicas: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="after each reserve and settle, WAIT until this many replicas have the "
         "write (bounds what a failover can lose; 0 = no wait)",
     )
     redis_wait_timeout_ms: int = Field(
-        default=100, ge=1,
+        default=100,
+        ge=1,
         description="longest WAIT for redis_wait_replicas; a write not replicated by then is "
         "kept, logged and counted, and the request goes on",
     )
@@ -164,13 +163,15 @@ class BudgetsConfig(StrictModel):
     sweep_interval_s: float = Field(default=10.0, gt=0, description="expired-lease sweeper")
     key_cache_s: float = Field(default=5.0, ge=0, description="cache of run-time key lookups")
     key_outage_grace_s: float = Field(
-        default=300.0, ge=0,
+        default=300.0,
+        ge=0,
         description="while the key store is unreachable, admit a key only if this replica "
         "verified it against the store at most this long before it last reached the store; "
         "a key it saw revoked is refused whatever this says",
     )
     view_cache_s: float = Field(
-        default=1.0, ge=0,
+        default=1.0,
+        ge=0,
         description="how stale the budget view a policy sees may be (reserve is always exact)",
     )
     journal_path: str | None = Field(
@@ -189,11 +190,16 @@ class BudgetsConfig(StrictModel):
             parts.port  # noqa: B018 - raises ValueError on a port that is not a number
         except ValueError as exc:
             raise ValueError(f"not a valid URL ({exc})") from None
-        hint = ("; for Redis Cluster use budgets.store: redis-cluster with a redis:// URL of any "
-                "node" if "cluster" in parts.scheme else "")
+        hint = (
+            "; for Redis Cluster use budgets.store: redis-cluster with a redis:// URL of any node"
+            if "cluster" in parts.scheme
+            else ""
+        )
         if parts.scheme not in REDIS_SCHEMES:
-            raise ValueError(f"unsupported scheme {parts.scheme!r} (use one of "
-                             f"{', '.join(s + '://' for s in REDIS_SCHEMES)}){hint}")
+            raise ValueError(
+                f"unsupported scheme {parts.scheme!r} (use one of "
+                f"{', '.join(s + '://' for s in REDIS_SCHEMES)}){hint}"
+            )
         db = parts.path.strip("/")
         if parts.scheme != "unix" and not parts.hostname:
             raise ValueError(f"no host in {url!r}")

@@ -156,7 +156,11 @@ class KeyRing:
     revocation), is refused with 503 when auth is required and treated as anonymous otherwise."""
 
     def __init__(
-        self, keys: Sequence[KeyConfig], auth: AuthConfig, store: KeyStore, cache_s: float = 5.0,
+        self,
+        keys: Sequence[KeyConfig],
+        auth: AuthConfig,
+        store: KeyStore,
+        cache_s: float = 5.0,
         outage_grace_s: float = 300.0,
     ) -> None:
         self.required = auth.required
@@ -209,13 +213,17 @@ class KeyRing:
             raise AuthError("This API key has been revoked.", "revoked_api_key")
         seen = self._verified.get(digest)
         if seen is not None and seen[1] >= self._last_contact - self.outage_grace_s:
-            log.warning("key store unreachable, judging key %s as last verified: %s",
-                        key_id_of(digest), exc)
+            log.warning(
+                "key store unreachable, judging key %s as last verified: %s", key_id_of(digest), exc
+            )
             return seen[0] or self._config.get(digest)
         if self.required:
             raise KeyStoreUnavailable(f"key store unreachable: {exc}") from None
-        log.warning("key store unreachable, key %s not verified recently: anonymous (%s)",
-                    key_id_of(digest), exc)
+        log.warning(
+            "key store unreachable, key %s not verified recently: anonymous (%s)",
+            key_id_of(digest),
+            exc,
+        )
         return None
 
     async def authenticate(self, authorization: str | None) -> Identity:
@@ -223,7 +231,8 @@ class KeyRing:
         if token is None:
             if self.required:
                 raise AuthError(
-                    "Missing API key: send 'Authorization: Bearer <key>'.", "missing_api_key")
+                    "Missing API key: send 'Authorization: Bearer <key>'.", "missing_api_key"
+                )
             return Identity(self.default_team)
         digest = hash_key(token)
         try:
@@ -271,4 +280,3 @@ class KeyRing:
         merged = dict(self._config)
         merged.update({r.key_sha256: r for r in await self.store.all()})
         return sorted(merged.values(), key=lambda r: (r.team, r.created, r.key_sha256))
-

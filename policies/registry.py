@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from policies import budget_pacing, fixed, random_split, threshold, tiers
 from policies.base import Policy
-from policies.config import ConfigError, ExperimentConfig, KeyConfig, PolicyConfig, TeamConfig
+from policies.config import ExperimentConfig, KeyConfig, PolicyConfig, TeamConfig
 from policies.spec import (
     Builder,
     PolicyEnv,
@@ -26,10 +26,18 @@ from policies.spec import (
     card_threshold,
     tiers_by_price,
 )
+from trace_format.config_base import ConfigError
 
 # PolicyEnv and tiers_by_price live in policies/spec.py; callers of build_policies get them here.
-__all__ = ["SPECS", "PolicyEnv", "build_policies", "default_policy", "parse_params",
-           "tiers_by_price", "validate_policy_params"]
+__all__ = [
+    "SPECS",
+    "PolicyEnv",
+    "build_policies",
+    "default_policy",
+    "parse_params",
+    "tiers_by_price",
+    "validate_policy_params",
+]
 
 SPECS: dict[str, PolicySpec] = {
     "threshold": threshold.SPEC,

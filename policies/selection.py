@@ -7,7 +7,7 @@ Order, first match wins:
 4. The API key's policy, 5. the team's policy, 6. `default_policy`.
 
 Any other `model` (e.g. "auto" or a hosted model name a drop-in client hard-codes) is routed.
-A selector is immutable; hot reload swaps in a new one (router/reload.py).
+A selector is immutable; hot reload swaps in a new one (router/proxy/reload.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Selection:
 
 class PolicySelector:
     """Built from the routing sections: the built policies by name, the default policy's name,
-    the tiers (for passthrough), teams, keys and experiments (router/state.py's build_selector
+    the tiers (for passthrough), teams, keys and experiments (router/proxy/state.py's build_selector
     takes them from a RouterConfig)."""
 
     def __init__(
@@ -101,8 +101,12 @@ class PolicySelector:
         units = UnitContext(team=team, key=key_id, user=user, headers=headers)
         assigned = self.experiments.assign(units, time.time() if now is None else now)
         if assigned is not None:
-            return Selection(self.policy(assigned.policy), "experiment",
-                             experiment=assigned.experiment, arm=assigned.arm)
+            return Selection(
+                self.policy(assigned.policy),
+                "experiment",
+                experiment=assigned.experiment,
+                arm=assigned.arm,
+            )
         if key_id is not None and key_id in self._key_policy:
             return Selection(self.policy(self._key_policy[key_id]), "key")
         if team is not None and team in self._team_policy:

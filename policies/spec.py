@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from backends.config import Price
 from classifiers.config import DEFAULT_MODEL
 from policies.base import Policy
-from policies.config import ConfigError
 from policies.target_share import ReferenceTraceError, convert_share, load_reference_scores
+from trace_format.config_base import ConfigError
 
 DEFAULT_THRESHOLD = 0.5
 CARD_KEY = "default_threshold"
@@ -100,8 +100,11 @@ class TwoTierParams(ShareSource):
     def _one_threshold(self) -> TwoTierParams:
         if self.threshold is not None and self.target_large_share is not None:
             raise ValueError("give threshold or target_large_share, not both")
-        if (self.target_large_share is not None and not self.reference_trace
-                and not self.calibrates()):
+        if (
+            self.target_large_share is not None
+            and not self.reference_trace
+            and not self.calibrates()
+        ):
             raise ValueError("target_large_share needs reference_trace (or calibrate)")
         return self
 

@@ -58,8 +58,9 @@ def _lines(path: str | Path) -> list[dict[str, Any]]:
         raise ReferenceTraceError(str(exc)) from None
 
 
-def load_reference_scores(path: str | Path, model_path: str | None = None,
-                          rescore: bool = False) -> np.ndarray:
+def load_reference_scores(
+    path: str | Path, model_path: str | None = None, rescore: bool = False
+) -> np.ndarray:
     """Scores of a trace: its recorded `score` fields, or (rescore) the configured classifier's
     scores of its `prompt`/`messages`, for when the recorded ones came from an older model."""
     records = _lines(path)
@@ -84,6 +85,11 @@ def convert_share(policy: str, share: float, scores: np.ndarray, source: str) ->
     t = threshold_for_share(scores, share)
     log.info(
         "policy %s: target large share %.4f -> threshold %.6f (achieves %.4f on %d scores from %s)",
-        policy, share, t, achieved_share(scores, t), len(scores), source,
+        policy,
+        share,
+        t,
+        achieved_share(scores, t),
+        len(scores),
+        source,
     )
     return t

@@ -68,8 +68,7 @@ def build(b: Builder, p: ThresholdParams) -> Tunable:
         if start is None:
             start = b.threshold(p) if p.reference_trace else card_threshold(b.env.model_path)
         inner = _shedding(ThresholdPolicy(b.name, small, large, start), p)
-        return build_calibrating(inner, p.target_large_share, start, p.calibrate,
-                                 b.env.model_path)
+        return build_calibrating(inner, p.target_large_share, start, p.calibrate, b.env.model_path)
     return _shedding(ThresholdPolicy(b.name, small, large, b.threshold(p)), p)
 
 

@@ -81,8 +81,10 @@ def build(b: Builder, p: TiersParams) -> TiersPolicy:
         raise b.error(key, f"{len(names)} tiers need {len(names) - 1}")
     if p.target_shares is not None:
         scores, source = b.scores(p)
-        bands = [convert_share(f"{b.name}[{i}]", s, scores, source)
-                 for i, s in enumerate(p.target_shares)]
+        bands = [
+            convert_share(f"{b.name}[{i}]", s, scores, source)
+            for i, s in enumerate(p.target_shares)
+        ]
     return TiersPolicy(b.name, names, bands)
 
 

@@ -36,8 +36,11 @@ app.add_typer(budget_app, name="budget", help="Show and manage team budgets.")
 app.add_typer(ab_app, name="ab", help="A/B experiments between policies.")
 app.add_typer(backends_app, name="backends", help="Plan and launch tier servers (vLLM, llama.cpp).")
 app.add_typer(drift_app, name="drift", help="Drift of scores, large share and quality over time.")
-app.add_typer(levers_app, name="levers",
-              help="Measure quantization, distillation and speculative decoding on real prompts.")
+app.add_typer(
+    levers_app,
+    name="levers",
+    help="Measure quantization, distillation and speculative decoding on real prompts.",
+)
 register_serve(app)
 register_config_reference(config_app)
 register_simulation_commands(app)

@@ -17,25 +17,25 @@ from typing import Annotated, Any, TypeVar
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from backends.config import SignalsConfig, StrictModel, TierConfig
+from backends.config import SignalsConfig, TierConfig
 from backends.registry import tier_problems
 from classifiers.config import ClassifierConfig
 from policies.budgets.factory import check_store_kind
 from policies.config import (
     AuthConfig,
     BudgetsConfig,
-    ConfigError,
     ExperimentConfig,
     KeyConfig,
     PolicyConfig,
     TeamConfig,
 )
 from policies.registry import PolicyEnv, check_routing
-from router.evaluation.config import EvaluationConfig, check_evaluation
-from router.telemetry_config import TelemetryConfig
-from simulations.drift_limits import DriftLimits
+from router.learning.config import EvaluationConfig, check_evaluation
+from router.observability.config import MonitoringConfig
+from router.observability.telemetry_config import TelemetryConfig
+from trace_format.config_base import ConfigError, StrictModel
 
-__all__ = ["ConfigError", "RouterConfig", "config_from_dict", "load_config", "section_from_env"]
+__all__ = ["RouterConfig", "config_from_dict", "load_config", "section_from_env"]
 
 ENV_PREFIX = "COST_ROUTER__"
 
@@ -55,55 +55,33 @@ class ServerConfig(StrictModel):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     body_timeout_s: float = Field(
-        default=30.0, gt=0,
+        default=30.0,
+        gt=0,
         description="a request's head and body must arrive within this many seconds of its "
         "first byte (a new connection's first byte too); later: 408 and the connection closed, "
         "so slow-drip clients cannot hold connections",
     )
     max_header_bytes: int = Field(
-        default=64 * 1024, ge=4096,
+        default=64 * 1024,
+        ge=4096,
         description="request line plus headers larger than this: 431 and the connection closed",
     )
     max_headers: int = Field(
-        default=100, ge=16, description="requests with more header fields than this: 431",
+        default=100,
+        ge=16,
+        description="requests with more header fields than this: 431",
     )
     reload_debounce_s: float = Field(
-        default=1.0, ge=0,
+        default=1.0,
+        ge=0,
         description="hot reload applies a changed config file only once it has stayed unchanged "
-        "this long (router/reload.py)",
-    )
-
-
-class MonitoringConfig(StrictModel):
-    """Live drift signals of the proxy (router/drift_monitor.py; docs/monitoring.md, "Live
-    signals and calibration"): per-policy gauges over a rolling window of requests."""
-
-    enabled: bool = Field(default=True, description="compute the live drift gauges")
-    window_requests: int = Field(
-        default=1000, ge=10,
-        description="the rolling window: this many most recent scored requests per policy (with "
-        "window_s: at most this many)",
-    )
-    window_s: float | None = Field(
-        default=None, gt=0,
-        description="the rolling window in seconds instead (requests older than this drop out); "
-        "window_requests still caps its memory",
-    )
-    reference: str | None = Field(
-        default=None,
-        description="reference score distribution (classifiers/score_reference.py format) the "
-        "PSI and KS gauges compare with; None: `<model>.scores.json` beside each policy's "
-        "classifier model, when it exists",
-    )
-    drift: DriftLimits = Field(
-        default_factory=DriftLimits,
-        description="limits and false-alarm budget of `cost-router drift report` "
-        "(docs/monitoring.md, \"Sound detection\")",
+        "this long (router/proxy/reload.py)",
     )
 
 
 class EmbeddingsConfig(StrictModel):
-    """`POST /v1/embeddings` (router/embeddings.py): passed through to one tier, unrouted."""
+    """`POST /v1/embeddings` (router/endpoints/embeddings.py): passed through to one tier,
+    unrouted."""
 
     tier: str | None = Field(
         default=None,
@@ -130,10 +108,12 @@ class RouterConfig(StrictModel):
         description="shadow comparisons and judges (docs/learning.md)",
     )
     embeddings: EmbeddingsConfig = Field(
-        default_factory=EmbeddingsConfig, description="the /v1/embeddings passthrough")
+        default_factory=EmbeddingsConfig, description="the /v1/embeddings passthrough"
+    )
     telemetry: TelemetryConfig = Field(
         default_factory=TelemetryConfig,
-        description="OpenTelemetry tracing over OTLP (router/telemetry.py; the `otel` extra)",
+        description="OpenTelemetry tracing over OTLP (router/observability/telemetry.py; "
+        "the `otel` extra)",
     )
     monitoring: MonitoringConfig = Field(
         default_factory=MonitoringConfig,
@@ -156,27 +136,46 @@ class RouterConfig(StrictModel):
 
     @model_validator(mode="after")
     def _references_resolve(self) -> RouterConfig:
-        problems = [f"tiers.{i}.{key}: {msg}" for i, tier in enumerate(self.tiers)
-                    for key, msg in tier_problems(tier)]
+        problems = [
+            f"tiers.{i}.{key}: {msg}"
+            for i, tier in enumerate(self.tiers)
+            for key, msg in tier_problems(tier)
+        ]
         if problems:
             raise ConfigError("; ".join(problems))
         check_store_kind(self.budgets.store)
-        if self.embeddings.tier is not None and self.embeddings.tier not in {t.name for t in
-                                                                             self.tiers}:
-            raise ConfigError(f"embeddings.tier: no tier named {self.embeddings.tier!r} (tiers: "
-                              f"{', '.join(t.name for t in self.tiers)})")  # fmt: skip
-        check_routing(self.policies, self.default_policy, {t.name for t in self.tiers},
-                      self.teams, self.keys, self.experiments)
+        if self.embeddings.tier is not None and self.embeddings.tier not in {
+            t.name for t in self.tiers
+        }:
+            raise ConfigError(
+                f"embeddings.tier: no tier named {self.embeddings.tier!r} (tiers: "
+                f"{', '.join(t.name for t in self.tiers)})"
+            )
+        check_routing(
+            self.policies,
+            self.default_policy,
+            {t.name for t in self.tiers},
+            self.teams,
+            self.keys,
+            self.experiments,
+        )
         team_names = {*self.teams, *(k.team for k in self.keys), self.auth.default_team}
-        check_evaluation(self.evaluation, {t.name for t in self.tiers}, team_names,
-                         set(self.policies) or {self.default_policy}, self.traces.path)
+        check_evaluation(
+            self.evaluation,
+            {t.name for t in self.tiers},
+            team_names,
+            set(self.policies) or {self.default_policy},
+            self.traces.path,
+        )
         return self
 
     def policy_env(self) -> PolicyEnv:
         """What building this config's policies needs besides their params."""
-        return PolicyEnv(prices={t.name: t.price for t in self.tiers},
-                         default_policy=self.default_policy,
-                         model_path=self.classifier.model_path)
+        return PolicyEnv(
+            prices={t.name: t.price for t in self.tiers},
+            default_policy=self.default_policy,
+            model_path=self.classifier.model_path,
+        )
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -197,8 +196,9 @@ def _override_of(loc: tuple[str, ...], overrides: Overrides) -> str | None:
     return None
 
 
-def _format_validation_error(err: ValidationError, source: str, section: str = "",
-                             overrides: Overrides | None = None) -> str:  # fmt: skip
+def _format_validation_error(
+    err: ValidationError, source: str, section: str = "", overrides: Overrides | None = None
+) -> str:
     """One line per error, each naming its key (under `section` when one section was checked)
     and, when an environment override set that key, the variable rather than the file."""
     lines: list[str] = []
@@ -215,8 +215,11 @@ def _format_validation_error(err: ValidationError, source: str, section: str = "
             lines.append(f"  {cause}" if not e["loc"] else f"  {loc}{where}: {cause}")
         else:
             lines.append(f"  {loc or '(top level)'}{where}: {e['msg']}")
-    head = (f"invalid environment override (on top of {source}):" if from_env == len(lines)
-            else f"invalid configuration in {source}:")
+    head = (
+        f"invalid environment override (on top of {source}):"
+        if from_env == len(lines)
+        else f"invalid configuration in {source}:"
+    )
     return "\n".join([head, *lines])
 
 
@@ -255,14 +258,18 @@ def apply_env_overrides(
         try:
             _set_path(data, path, value)
         except (IndexError, ValueError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"environment variable {name}: no key {'.'.join(path)} to set "
-                              f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+            raise ConfigError(
+                f"environment variable {name}: no key {'.'.join(path)} to set "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
         applied[tuple(path)] = name
     return applied
 
 
 def section_from_env(
-    name: str, model: type[Section], check: Callable[[Section], None] | None = None,
+    name: str,
+    model: type[Section],
+    check: Callable[[Section], None] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Section:
     """One top-level section (e.g. `budgets`) from its defaults and its ``COST_ROUTER__<NAME>__*``
@@ -304,8 +311,9 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     if mark is None or problem is None:
         return str(exc).replace('in "<unicode string>", ', "")
     context = getattr(exc, "context", None)
-    return (f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-            + (f" ({context})" if context else ""))  # fmt: skip
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (
+        f" ({context})" if context else ""
+    )
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> RouterConfig:

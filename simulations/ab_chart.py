@@ -39,14 +39,24 @@ def render_png(report: ABReport) -> bytes:
         ests: list[Estimate] = [getattr(a, attr) for a in report.arms]
         values = [0.0 if math.isnan(e.value) else e.value * k for e in ests]
         errs = [_errors(e, k) for e in ests]
-        ax.bar(names, values, yerr=list(zip(*errs, strict=True)), capsize=4,
-               color=["#4c72b0" if n == report.control else "#dd8452" for n in names])
+        ax.bar(
+            names,
+            values,
+            yerr=list(zip(*errs, strict=True)),
+            capsize=4,
+            color=["#4c72b0" if n == report.control else "#dd8452" for n in names],
+        )
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=8)
-    how = ("requests as independent" if report.unit == "request"
-           else f"cluster bootstrap by {report.unit}")
-    fig.suptitle(f"experiment {report.experiment}: 95% CIs ({how}), control arm "
-                 f"{report.control!r}", fontsize=10)
+    how = (
+        "requests as independent"
+        if report.unit == "request"
+        else f"cluster bootstrap by {report.unit}"
+    )
+    fig.suptitle(
+        f"experiment {report.experiment}: 95% CIs ({how}), control arm {report.control!r}",
+        fontsize=10,
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -62,8 +72,13 @@ def render_html(report: ABReport) -> str:
         diff_head, diff_rows = diff_table(report)
         tables.append(HtmlTable(DIFF_CAPTION + " (* p < 0.05)", diff_head, diff_rows))
     notes = [*heading(report), srm_line(report) or ""]
-    return html_page(f"A/B report: {report.experiment}", render_png(report), tables, notes,
-                     alt="per-arm metrics with 95% CI")
+    return html_page(
+        f"A/B report: {report.experiment}",
+        render_png(report),
+        tables,
+        notes,
+        alt="per-arm metrics with 95% CI",
+    )
 
 
 def write_chart(report: ABReport, out: Path) -> None:

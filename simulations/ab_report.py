@@ -206,8 +206,14 @@ def _diff_quantile(x1: np.ndarray, x0: np.ndarray, q: float, seed: int) -> tuple
     def stat(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.quantile(a, q, axis=axis) - np.quantile(b, q, axis=axis)
 
-    res = stats.bootstrap((x1, x0), stat, n_resamples=999, method="percentile", batch=100,
-                          random_state=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (x1, x0),
+        stat,
+        n_resamples=999,
+        method="percentile",
+        batch=100,
+        random_state=np.random.default_rng(seed),
+    )
     ci = res.confidence_interval
     return Estimate(d, float(ci.low), float(ci.high), len(x1) + len(x0)), res
 
@@ -251,13 +257,20 @@ def _ok_latency(r: dict[str, Any]) -> bool:
     return r.get("latency_ms") is not None and (r.get("status") or 200) < 400
 
 
-def _arm_data(arm: str, records: list[dict[str, Any]], large: str,
-              feedback: dict[str, float], unit_field: str | None = None) -> _ArmData:
+def _arm_data(
+    arm: str,
+    records: list[dict[str, Any]],
+    large: str,
+    feedback: dict[str, float],
+    unit_field: str | None = None,
+) -> _ArmData:
     tiered = [r for r in records if r.get("tier")]
     lat = [r["latency_ms"] for r in records if _ok_latency(r)]
     fb = [feedback[r["id"]] if r.get("id") in feedback else r.get("feedback") for r in records]
     d = _ArmData(
-        arm=arm, n=len(records), k_large=sum(r["tier"] == large for r in tiered),
+        arm=arm,
+        n=len(records),
+        k_large=sum(r["tier"] == large for r in tiered),
         n_tiered=len(tiered),
         cost=np.asarray([r.get("cost_usd") or 0.0 for r in records], dtype=np.float64),
         latency=np.asarray(lat, dtype=np.float64),
@@ -268,8 +281,10 @@ def _arm_data(arm: str, records: list[dict[str, Any]], large: str,
         return d
     # A record without the unit's value is its own unit (the proxy assigns none such: defensive).
     index: dict[Any, int] = {}
-    unit = np.asarray([index.setdefault(r.get(unit_field) or ("", i), len(index))
-                       for i, r in enumerate(records)], dtype=np.int64)
+    unit = np.asarray(
+        [index.setdefault(r.get(unit_field) or ("", i), len(index)) for i, r in enumerate(records)],
+        dtype=np.int64,
+    )
     d.units = len(index)
     d.cost_unit = unit
     d.tiered_unit = unit[[i for i, r in enumerate(records) if r.get("tier")]]
@@ -281,10 +296,15 @@ def _arm_data(arm: str, records: list[dict[str, Any]], large: str,
 
 def _arm_stats(d: _ArmData, total: int) -> ArmStats:
     return ArmStats(
-        arm=d.arm, requests=d.n, traffic=wilson(d.n, total),
-        large_share=wilson(d.k_large, d.n_tiered), cost_per_1k=mean_ci(d.cost, 1000.0),
-        latency_p50=quantile_ci(d.latency, 0.5), latency_p95=quantile_ci(d.latency, 0.95),
-        feedback=mean_ci(d.feedback), units=d.units,
+        arm=d.arm,
+        requests=d.n,
+        traffic=wilson(d.n, total),
+        large_share=wilson(d.k_large, d.n_tiered),
+        cost_per_1k=mean_ci(d.cost, 1000.0),
+        latency_p50=quantile_ci(d.latency, 0.5),
+        latency_p95=quantile_ci(d.latency, 0.95),
+        feedback=mean_ci(d.feedback),
+        units=d.units,
     )
 
 
@@ -329,11 +349,11 @@ def _weighted_quantile(w: np.ndarray, values: np.ndarray, unit: np.ndarray, q: f
     v, u = values[order], unit[order]
     chunk = max(1, 4_000_000 // v.size)
     for lo in range(0, w.shape[0], chunk):
-        cum = np.cumsum(w[lo:lo + chunk][:, u], axis=1)  # (chunk, requests), sorted by value
+        cum = np.cumsum(w[lo : lo + chunk][:, u], axis=1)  # (chunk, requests), sorted by value
         total = cum[:, -1]
         idx = (cum < (q * total)[:, None]).sum(axis=1)
         ok = total > 0
-        out[lo:lo + chunk][ok] = v[np.minimum(idx[ok], v.size - 1)]
+        out[lo : lo + chunk][ok] = v[np.minimum(idx[ok], v.size - 1)]
     return out
 
 
@@ -368,15 +388,19 @@ def _bootstrap_p(dist: np.ndarray) -> float:
 
 # Each metric: the ArmStats attribute, the Comparison metric name, the point estimate.
 _METRICS: list[tuple[str, str, Any]] = [
-    ("large_share", "large_share",
-     lambda d: d.k_large / d.n_tiered if d.n_tiered else math.nan),
+    ("large_share", "large_share", lambda d: d.k_large / d.n_tiered if d.n_tiered else math.nan),
     ("cost_per_1k", "cost_per_1k", lambda d: float(np.mean(d.cost)) * 1000 if d.n else math.nan),
-    ("latency_p50", "latency_p50_ms",
-     lambda d: float(np.quantile(d.latency, 0.5)) if d.latency.size else math.nan),
-    ("latency_p95", "latency_p95_ms",
-     lambda d: float(np.quantile(d.latency, 0.95)) if d.latency.size else math.nan),
-    ("feedback", "feedback",
-     lambda d: float(np.mean(d.feedback)) if d.feedback.size else math.nan),
+    (
+        "latency_p50",
+        "latency_p50_ms",
+        lambda d: float(np.quantile(d.latency, 0.5)) if d.latency.size else math.nan,
+    ),
+    (
+        "latency_p95",
+        "latency_p95_ms",
+        lambda d: float(np.quantile(d.latency, 0.95)) if d.latency.size else math.nan,
+    ),
+    ("feedback", "feedback", lambda d: float(np.mean(d.feedback)) if d.feedback.size else math.nan),
 ]
 
 
@@ -404,16 +428,20 @@ def _traffic(
     return out
 
 
-def _clustered(data: dict[str, _ArmData], control: str, total: int,
-               seed: int) -> tuple[list[ArmStats], list[Comparison]]:
+def _clustered(
+    data: dict[str, _ArmData], control: str, total: int, seed: int
+) -> tuple[list[ArmStats], list[Comparison]]:
     """Per-arm estimates and differences from a cluster bootstrap over assignment units."""
-    reps = {a: _replicates(d, np.random.default_rng([seed, i])) for i, (a, d) in
-            enumerate(data.items())}
+    reps = {
+        a: _replicates(d, np.random.default_rng([seed, i])) for i, (a, d) in enumerate(data.items())
+    }
     traffic = _traffic(data, np.random.default_rng([seed, len(data)]), total)
     arms = []
     for a, d in data.items():
-        est = {attr: _percentile_ci(point(d), reps[a][attr], _metric_n(d, attr))
-               for attr, _, point in _METRICS}
+        est = {
+            attr: _percentile_ci(point(d), reps[a][attr], _metric_n(d, attr))
+            for attr, _, point in _METRICS
+        }
         arms.append(ArmStats(arm=a, requests=d.n, traffic=traffic[a], units=d.units, **est))
     comparisons = []
     c = data[control]
@@ -423,13 +451,15 @@ def _clustered(data: dict[str, _ArmData], control: str, total: int,
         for attr, metric, point in _METRICS:
             n1, n0 = _metric_n(d, attr), _metric_n(c, attr)
             if min(n1, n0) == 0:
-                comparisons.append(Comparison(metric, a, control, NAN_EST, math.nan,
-                                              "cluster bootstrap"))
+                comparisons.append(
+                    Comparison(metric, a, control, NAN_EST, math.nan, "cluster bootstrap")
+                )
                 continue
             dist = reps[a][attr] - reps[control][attr]
             diff = _percentile_ci(point(d) - point(c), dist, n1 + n0)
-            comparisons.append(Comparison(metric, a, control, diff, _bootstrap_p(dist),
-                                          "cluster bootstrap"))
+            comparisons.append(
+                Comparison(metric, a, control, diff, _bootstrap_p(dist), "cluster bootstrap")
+            )
     return arms, comparisons
 
 
@@ -438,12 +468,16 @@ def assignment_unit(records: list[dict[str, Any]], configured: str | None) -> tu
     if configured in UNIT_FIELDS:
         return configured, "the experiment's unit in the config"
     if configured == "header":
-        return "request", ("the experiment's unit is a header, whose values the trace does not "
-                           "record: requests are resampled as if independent, so intervals may "
-                           "be too narrow")
+        return "request", (
+            "the experiment's unit is a header, whose values the trace does not "
+            "record: requests are resampled as if independent, so intervals may "
+            "be too narrow"
+        )
     if configured not in (None, "request"):
-        raise ReportError(f"unknown assignment unit {configured!r} "
-                          f"(known: request, {', '.join(UNIT_FIELDS)}, header)")
+        raise ReportError(
+            f"unknown assignment unit {configured!r} "
+            f"(known: request, {', '.join(UNIT_FIELDS)}, header)"
+        )
     if configured == "request":
         return "request", "each request assigned on its own"
     best: tuple[int, str] | None = None
@@ -459,10 +493,13 @@ def assignment_unit(records: list[dict[str, Any]], configured: str | None) -> tu
             if pure and len(arms) < len(records) and (best is None or len(arms) < best[0]):
                 best = (len(arms), unit)
     if best is None:
-        return "request", ("no team, key or user stays in one arm in the traces: requests "
-                           "treated as independent")
-    return best[1], (f"inferred from the traces: every {best[1]}'s requests are in one arm "
-                     "(pass --config for the experiment's own unit)")
+        return "request", (
+            "no team, key or user stays in one arm in the traces: requests treated as independent"
+        )
+    return best[1], (
+        f"inferred from the traces: every {best[1]}'s requests are in one arm "
+        "(pass --config for the experiment's own unit)"
+    )
 
 
 def sample_ratio_p(counts: dict[str, int], weights: dict[str, float]) -> float:
@@ -475,10 +512,16 @@ def sample_ratio_p(counts: dict[str, int], weights: dict[str, float]) -> float:
     return float(stats.chisquare(observed, expected).pvalue)
 
 
-def build_report(records: list[dict[str, Any]], experiment: str,
-                 feedback: dict[str, float] | None = None, large_tier: str | None = None,
-                 control: str | None = None, seed: int = 0,
-                 weights: dict[str, float] | None = None, unit: str | None = None) -> ABReport:
+def build_report(
+    records: list[dict[str, Any]],
+    experiment: str,
+    feedback: dict[str, float] | None = None,
+    large_tier: str | None = None,
+    control: str | None = None,
+    seed: int = 0,
+    weights: dict[str, float] | None = None,
+    unit: str | None = None,
+) -> ABReport:
     """`unit`: the experiment's assignment unit (team, key, user, header), "request", or None to
     infer it from the traces (see the module docstring)."""
     if not records:
@@ -512,8 +555,12 @@ def build_report(records: list[dict[str, Any]], experiment: str,
     return report
 
 
-def report_from_files(traces: Sequence[str | Path], experiment: str,
-                      feedback_path: str | Path | None = None, **kw: Any) -> ABReport:
+def report_from_files(
+    traces: Sequence[str | Path],
+    experiment: str,
+    feedback_path: str | Path | None = None,
+    **kw: Any,
+) -> ABReport:
     records = load_experiment(traces, experiment)
     fb_path = Path(feedback_path) if feedback_path else default_feedback_path(traces)
     if feedback_path and not fb_path.exists():
@@ -551,8 +598,13 @@ ROWS = [
     ("mean feedback", lambda a: _fmt(a.feedback, 3) + (f" n={a.feedback.n}" * bool(a.feedback.n))),
 ]
 
-DIFF_FORMAT = {"large_share": (1, True), "cost_per_1k": (4, False),
-               "latency_p50_ms": (1, False), "latency_p95_ms": (1, False), "feedback": (3, False)}
+DIFF_FORMAT = {
+    "large_share": (1, True),
+    "cost_per_1k": (4, False),
+    "latency_p50_ms": (1, False),
+    "latency_p95_ms": (1, False),
+    "feedback": (3, False),
+}
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -568,16 +620,20 @@ def resampling_note(report: ABReport) -> str:
     if report.unit == "request":
         return f"intervals treat requests as independent ({report.unit_source})"
     units = sum(a.units for a in report.arms)
-    return (f"assignment unit {report.unit} ({report.unit_source}): intervals and p-values "
-            f"resample whole {report.unit}s ({units} {report.unit}s, cluster bootstrap, "
-            f"{RESAMPLES} resamples), not requests, since one {report.unit}'s requests are not "
-            "independent")
+    return (
+        f"assignment unit {report.unit} ({report.unit_source}): intervals and p-values "
+        f"resample whole {report.unit}s ({units} {report.unit}s, cluster bootstrap, "
+        f"{RESAMPLES} resamples), not requests, since one {report.unit}'s requests are not "
+        "independent"
+    )
 
 
 def heading(report: ABReport) -> list[str]:
-    return [f"experiment {report.experiment}: {report.total} requests, control arm "
-            f"{report.control!r}, large tier {report.large_tier!r}; values with 95% CI",
-            resampling_note(report)]
+    return [
+        f"experiment {report.experiment}: {report.total} requests, control arm "
+        f"{report.control!r}, large tier {report.large_tier!r}; values with 95% CI",
+        resampling_note(report),
+    ]
 
 
 def arm_table(report: ABReport) -> tuple[list[str], list[list[str]]]:
@@ -593,8 +649,10 @@ def srm_line(report: ABReport) -> str | None:
         return None
     verdict = "MISMATCH: check assignment/logging" if report.srm_p < 0.001 else "ok"
     counted = "requests" if report.unit == "request" else f"{report.unit}s"
-    return (f"traffic split ({counted} per arm) vs configured weights: chi-square "
-            f"p={_fmt_p(report.srm_p)} ({verdict})")
+    return (
+        f"traffic split ({counted} per arm) vs configured weights: chi-square "
+        f"p={_fmt_p(report.srm_p)} ({verdict})"
+    )
 
 
 DIFF_CAPTION = "difference vs control (arm - control), 95% CI, test, p-value"
@@ -606,8 +664,15 @@ def diff_table(report: ABReport) -> tuple[list[str], list[list[str]]]:
     for c in report.comparisons:
         digits, pct = DIFF_FORMAT[c.metric]
         sig = "*" if not math.isnan(c.p_value) and c.p_value < 0.05 else ""
-        rows.append([c.metric, f"{c.arm} - {c.control}", _fmt(c.diff, digits, pct),
-                     c.test, _fmt_p(c.p_value) + sig])
+        rows.append(
+            [
+                c.metric,
+                f"{c.arm} - {c.control}",
+                _fmt(c.diff, digits, pct),
+                c.test,
+                _fmt_p(c.p_value) + sig,
+            ]
+        )
     return ["metric", "arms", "difference", "test", "p"], rows
 
 

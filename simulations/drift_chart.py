@@ -12,8 +12,18 @@ from pathlib import Path
 from simulations.drift_report import WINDOWS, DriftReport, WindowRow, report_json
 from simulations.reports import HtmlTable, html_page, write_json
 
-HEADERS = ["window (UTC)", "n", "PSI", "KS p", "large share", "target", "quality retained",
-           "labels", "cost/1k", "flags"]
+HEADERS = [
+    "window (UTC)",
+    "n",
+    "PSI",
+    "KS p",
+    "large share",
+    "target",
+    "quality retained",
+    "labels",
+    "cost/1k",
+    "flags",
+]
 
 
 def _when(report: DriftReport, start: float) -> str:
@@ -26,12 +36,22 @@ def _num(value: float, fmt: str) -> str:
 
 
 def row_cells(report: DriftReport, w: WindowRow) -> list[str]:
-    retained = "-" if w.retained is None else (
-        f"{w.retained.value:.3f} [{w.retained.low:.3f}, {w.retained.high:.3f}]")
+    retained = (
+        "-"
+        if w.retained is None
+        else (f"{w.retained.value:.3f} [{w.retained.low:.3f}, {w.retained.high:.3f}]")
+    )
     return [
-        _when(report, w.start), str(w.n), _num(w.psi, ".3f"), _num(w.ks_p, ".2g"),
-        _num(w.large_share, ".1%"), "-" if w.target is None else f"{w.target:.1%}", retained,
-        str(w.labels), _num(w.cost_per_1k, ".4f"), str(len(w.flags)) if w.flags else "",
+        _when(report, w.start),
+        str(w.n),
+        _num(w.psi, ".3f"),
+        _num(w.ks_p, ".2g"),
+        _num(w.large_share, ".1%"),
+        "-" if w.target is None else f"{w.target:.1%}",
+        retained,
+        str(w.labels),
+        _num(w.cost_per_1k, ".4f"),
+        str(len(w.flags)) if w.flags else "",
     ]
 
 
@@ -42,9 +62,12 @@ def notes(report: DriftReport) -> list[str]:
         f"reference: {report.reference_source or 'none'} ({report.reference_n} scores)",
         f"false-alarm budget {lim.false_alarms_per_30_days:g} per 30 days, a third per detector: "
         f"KS at alpha {report.alpha:.2g} per window"
-        + ("" if report.cusum_h is None else
-           f"; large-share CUSUM h {report.cusum_h:.2f} for a {lim.share_delta:.0%} shift at "
-           f"{lim.requests_per_hour:g} requests/hour")
+        + (
+            ""
+            if report.cusum_h is None
+            else f"; large-share CUSUM h {report.cusum_h:.2f} for a {lim.share_delta:.0%} shift at "
+            f"{lim.requests_per_hour:g} requests/hour"
+        )
         + f"; quality CUSUM h {report.quality_h:.2f} over windows with >= {lim.min_labels} "
         "labels",
     ]
@@ -76,9 +99,14 @@ def render_png(report: DriftReport) -> bytes:
     labelled = [(t, w.retained) for t, w in zip(x, rows, strict=True) if w.retained is not None]
     if labelled:
         ts, ests = zip(*labelled, strict=True)
-        q_ax.errorbar(ts, [e.value for e in ests],
-                      yerr=[[e.value - e.low for e in ests], [e.high - e.value for e in ests]],
-                      fmt=".", color="#55a868", capsize=2)
+        q_ax.errorbar(
+            ts,
+            [e.value for e in ests],
+            yerr=[[e.value - e.low for e in ests], [e.high - e.value for e in ests]],
+            fmt=".",
+            color="#55a868",
+            capsize=2,
+        )
     q_ax.axhline(report.limits.quality_limit, color="#c44e52", ls="--", lw=1)
     q_ax.set_ylabel("quality retained")
     cost_ax.plot(x, [w.cost_per_1k for w in rows], marker=".", color="#8172b2")
@@ -100,10 +128,14 @@ def render_png(report: DriftReport) -> bytes:
 
 def render_html(report: DriftReport, png: bytes | None = None) -> str:
     """The page; `png` is the chart when already rendered (rendering is the slow part)."""
-    table = HtmlTable("per window (quality retained with its 95% interval)", HEADERS,
-                      [row_cells(report, w) for w in report.windows])
-    return html_page("drift report", png or render_png(report), [table], notes(report),
-                     alt="drift per window")
+    table = HtmlTable(
+        "per window (quality retained with its 95% interval)",
+        HEADERS,
+        [row_cells(report, w) for w in report.windows],
+    )
+    return html_page(
+        "drift report", png or render_png(report), [table], notes(report), alt="drift per window"
+    )
 
 
 def write_outputs(report: DriftReport, out: Path) -> list[Path]:

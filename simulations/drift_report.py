@@ -117,21 +117,32 @@ class DriftAccumulator:
     """Feeds batches in arrival order; `report()` tests the windows."""
 
     def __init__(
-        self, window: str, reference: ScoreReference | None, threshold: float | None,
-        target: float | None, limits: DriftLimits,
+        self,
+        window: str,
+        reference: ScoreReference | None,
+        threshold: float | None,
+        target: float | None,
+        limits: DriftLimits,
     ) -> None:
         if window not in WINDOWS:
             raise ValueError(f"window must be one of {', '.join(WINDOWS)}, got {window!r}")
         self.window, self.width = window, WINDOWS[window]
         self.reference, self.threshold, self.target, self.limits = (
-            reference, threshold, target, limits)
+            reference,
+            threshold,
+            target,
+            limits,
+        )
         self.bins = reference.bins if reference is not None else DEFAULT_BINS
         self.windows: dict[int, WindowAcc] = {}
         share = limits.false_alarms_per_30_days / DETECTORS
         self.h = cusum_limit(share, limits.requests_per_hour)
         self.quality_h = windows_limit(share, self.width)
-        self.cusum = (BernoulliCusum(target, limits.share_delta, self.h)
-                      if target is not None and 0 < target < 1 else None)
+        self.cusum = (
+            BernoulliCusum(target, limits.share_delta, self.h)
+            if target is not None and 0 < target < 1
+            else None
+        )
         self.seen_tiered = 0
         self.requests = 0
 
@@ -143,8 +154,9 @@ class DriftAccumulator:
         for k in np.unique(key).tolist():
             acc = self.windows.get(k)
             if acc is None:
-                acc = self.windows[k] = WindowAcc(start=k * self.width,
-                                                  counts=np.zeros(self.bins, np.int64))
+                acc = self.windows[k] = WindowAcc(
+                    start=k * self.width, counts=np.zeros(self.bins, np.int64)
+                )
             acc.add(batch, key == k, self.bins)
         if self.cusum is not None:
             tiered = np.flatnonzero(batch.tiered)
@@ -163,28 +175,45 @@ class DriftAccumulator:
         keys = sorted(self.windows)
         ref_counts, ref_source, ref_n = None, "", 0
         if self.reference is not None:
-            ref_counts, ref_source, ref_n = (self.reference.counts, self.reference.source,
-                                             self.reference.n)
+            ref_counts, ref_source, ref_n = (
+                self.reference.counts,
+                self.reference.source,
+                self.reference.n,
+            )
         elif keys:
             # No reference: the first window is the baseline the others are compared with.
             first = self.windows[keys[0]]
             if first.counts.sum():
-                ref_counts, ref_source, ref_n = first.counts, "the first window", int(
-                    first.counts.sum())
-        quality = GaussianCusum(limits.quality_limit, limits.quality_limit - limits.quality_delta,
-                                self.quality_h)
+                ref_counts, ref_source, ref_n = (
+                    first.counts,
+                    "the first window",
+                    int(first.counts.sum()),
+                )
+        quality = GaussianCusum(
+            limits.quality_limit, limits.quality_limit - limits.quality_delta, self.quality_h
+        )
         rows = [self._row(self.windows[k], ref_counts, alpha, quality) for k in keys]
         restore, advice, retrain = self._advice(rows, keys)
         return DriftReport(
-            window=self.window, windows=rows, reference_source=ref_source, reference_n=ref_n,
-            threshold=self.threshold, target=self.target, alpha=alpha,
-            cusum_h=self.h if self.cusum is not None else None, quality_h=self.quality_h,
+            window=self.window,
+            windows=rows,
+            reference_source=ref_source,
+            reference_n=ref_n,
+            threshold=self.threshold,
+            target=self.target,
+            alpha=alpha,
+            cusum_h=self.h if self.cusum is not None else None,
+            quality_h=self.quality_h,
             limits=limits,
-            restore=restore, retrain_advised=retrain, advice=advice, requests=self.requests,
+            restore=restore,
+            retrain_advised=retrain,
+            advice=advice,
+            requests=self.requests,
         )
 
-    def _row(self, acc: WindowAcc, ref: np.ndarray | None, alpha: float,
-             quality: GaussianCusum) -> WindowRow:
+    def _row(
+        self, acc: WindowAcc, ref: np.ndarray | None, alpha: float, quality: GaussianCusum
+    ) -> WindowRow:
         limits = self.limits
         flags: list[str] = []
         scored = int(acc.counts.sum())
@@ -193,24 +222,39 @@ class DriftAccumulator:
             drift = psi(rebin(ref, PSI_BINS), rebin(acc.counts, PSI_BINS))
             p_value = ks_binned(ref, acc.counts).pvalue
             if drift >= limits.psi_limit and p_value < alpha:
-                flags.append(f"score drift: PSI {drift:.3f} >= {limits.psi_limit:g} and KS "
-                             f"p {p_value:.2g} < {alpha:.2g}")
+                flags.append(
+                    f"score drift: PSI {drift:.3f} >= {limits.psi_limit:g} and KS "
+                    f"p {p_value:.2g} < {alpha:.2g}"
+                )
         share = acc.large / acc.tiered if acc.tiered else float("nan")
         if acc.share_alarms and self.target is not None:
-            flags.append(f"large share {share:.1%} vs target {self.target:.1%}: CUSUM alarm "
-                         f"(h {self.h:.1f}, shift {limits.share_delta:.0%})")
+            flags.append(
+                f"large share {share:.1%} vs target {self.target:.1%}: CUSUM alarm "
+                f"(h {self.h:.1f}, shift {limits.share_delta:.0%})"
+            )
         est = acc.retained.estimate()
         if est is not None and est.n >= limits.min_labels and quality.update(est.value, est.se):
-            flags.append(f"quality retained {est.value:.3f} [{est.low:.3f}, {est.high:.3f}] "
-                         f"({est.n} labels): CUSUM over windows (h {self.quality_h:.1f}) finds "
-                         f"it under {limits.quality_limit:g}, tuned to a drop to "
-                         f"{limits.quality_limit - limits.quality_delta:.3g}")
+            flags.append(
+                f"quality retained {est.value:.3f} [{est.low:.3f}, {est.high:.3f}] "
+                f"({est.n} labels): CUSUM over windows (h {self.quality_h:.1f}) finds "
+                f"it under {limits.quality_limit:g}, tuned to a drop to "
+                f"{limits.quality_limit - limits.quality_delta:.3g}"
+            )
         return WindowRow(
-            start=acc.start, n=acc.n, scored=scored, psi=drift, ks_p=p_value, large_share=share,
-            target=self.target, retained=est, labels=acc.retained.n,
+            start=acc.start,
+            n=acc.n,
+            scored=scored,
+            psi=drift,
+            ks_p=p_value,
+            large_share=share,
+            target=self.target,
+            retained=est,
+            labels=acc.retained.n,
             cost_per_1k=acc.cost / acc.costed * 1000 if acc.costed else float("nan"),
-            error_rate=acc.errors / acc.n if acc.n else 0.0, share_alarms=acc.share_alarms,
-            first_alarm_request=acc.first_alarm_request, flags=flags,
+            error_rate=acc.errors / acc.n if acc.n else 0.0,
+            share_alarms=acc.share_alarms,
+            first_alarm_request=acc.first_alarm_request,
+            flags=flags,
         )
 
     def _advice(
@@ -229,31 +273,46 @@ class DriftAccumulator:
             restore = (rows[pick].start, t)
             what = "labelled window" if labelled else "window (none is labelled)"
             now = "" if self.threshold is None else f" (now {self.threshold:.4f})"
-            advice.append(f"threshold {t:.4f} restores the {self.target:.0%} target on the most "
-                          f"recent {what}{now}")
+            advice.append(
+                f"threshold {t:.4f} restores the {self.target:.0%} target on the most "
+                f"recent {what}{now}"
+            )
         last = rows[-1]
         # The quality CUSUM restarts after each alarm, so under a lasting drop it fires every
         # few windows, not every one: look at the last day of windows.
-        recent = rows[-max(1, int(RECENT_S // self.width)):]
+        recent = rows[-max(1, int(RECENT_S // self.width)) :]
         quality_low = any(f.startswith("quality retained") for w in recent for f in w.flags)
         far = not math.isnan(last.psi) and last.psi >= self.limits.retrain_psi
         retrain = quality_low or far
         if quality_low:
-            advice.append("retraining advised: quality retained fell below its limit in the last "
-                          "day of windows; a new threshold alone trades cost for it")
+            advice.append(
+                "retraining advised: quality retained fell below its limit in the last "
+                "day of windows; a new threshold alone trades cost for it"
+            )
         if far:
-            advice.append(f"retraining advised: PSI {last.psi:.3f} >= {self.limits.retrain_psi:g}"
-                          ": today's prompts are far from the reference the model was tuned on")
+            advice.append(
+                f"retraining advised: PSI {last.psi:.3f} >= {self.limits.retrain_psi:g}"
+                ": today's prompts are far from the reference the model was tuned on"
+            )
         if not retrain:
-            advice.append("retraining not advised: quality holds"
-                          + (" and the score distribution is near the reference"
-                             if not any(f.startswith("score drift") for f in last.flags) else ""))
+            advice.append(
+                "retraining not advised: quality holds"
+                + (
+                    " and the score distribution is near the reference"
+                    if not any(f.startswith("score drift") for f in last.flags)
+                    else ""
+                )
+            )
         return restore, advice, retrain
 
 
 def build_report(
-    batches: Iterable[DriftBatch], window: str, reference: ScoreReference | None,
-    threshold: float | None, target: float | None, limits: DriftLimits,
+    batches: Iterable[DriftBatch],
+    window: str,
+    reference: ScoreReference | None,
+    threshold: float | None,
+    target: float | None,
+    limits: DriftLimits,
 ) -> DriftReport:
     acc = DriftAccumulator(window, reference, threshold, target, limits)
     for batch in batches:
@@ -275,16 +334,27 @@ def report_json(report: DriftReport) -> dict[str, object]:
         "cusum_h": report.cusum_h,
         "quality_cusum_h": report.quality_h,
         "limits": report.limits.model_dump(),
-        "restore_threshold": None if report.restore is None else {
-            "window_start": report.restore[0], "threshold": report.restore[1]},
+        "restore_threshold": None
+        if report.restore is None
+        else {"window_start": report.restore[0], "threshold": report.restore[1]},
         "retrain_advised": report.retrain_advised,
         "advice": report.advice,
         "alert": report.alert,
         "windows": [
-            {"start": w.start, "n": w.n, "scored": w.scored, "psi": w.psi, "ks_p": w.ks_p,
-             "large_share": w.large_share, "quality_retained": est(w.retained),
-             "labels": w.labels, "cost_per_1k": w.cost_per_1k, "error_rate": w.error_rate,
-             "share_alarms": w.share_alarms, "flags": w.flags}
+            {
+                "start": w.start,
+                "n": w.n,
+                "scored": w.scored,
+                "psi": w.psi,
+                "ks_p": w.ks_p,
+                "large_share": w.large_share,
+                "quality_retained": est(w.retained),
+                "labels": w.labels,
+                "cost_per_1k": w.cost_per_1k,
+                "error_rate": w.error_rate,
+                "share_alarms": w.share_alarms,
+                "flags": w.flags,
+            }
             for w in report.windows
         ],
     }

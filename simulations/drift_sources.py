@@ -86,8 +86,14 @@ class _Columns:
         self.rows = []
         f = [np.asarray(c, dtype=np.float64) for c in cols]
         return DriftBatch(
-            time=f[0], score=f[1], tiered=f[2].astype(bool), large=f[3].astype(bool),
-            cost=f[4], routed_outcome=f[5], large_outcome=f[6], error=f[7].astype(bool),
+            time=f[0],
+            score=f[1],
+            tiered=f[2].astype(bool),
+            large=f[3].astype(bool),
+            cost=f[4],
+            routed_outcome=f[5],
+            large_outcome=f[6],
+            error=f[7].astype(bool),
         )
 
 
@@ -113,16 +119,18 @@ def _iter_jsonl(source: str, tiers: Tiers, batch_rows: int) -> Iterator[DriftBat
                 outcomes, _ = beside.outcomes(rec)
                 outcomes = outcomes or {}
                 routed = outcomes.get(rec.tier, nan) if rec.tier else nan
-                cols.rows.append((
-                    rec.time,
-                    nan if rec.score is None else rec.score,
-                    rec.tier is not None,
-                    rec.tier == tiers.large,
-                    nan if rec.cost_usd is None else rec.cost_usd,
-                    routed,
-                    outcomes.get(tiers.large, nan),
-                    rec.status is not None and rec.status >= 400,
-                ))
+                cols.rows.append(
+                    (
+                        rec.time,
+                        nan if rec.score is None else rec.score,
+                        rec.tier is not None,
+                        rec.tier == tiers.large,
+                        nan if rec.cost_usd is None else rec.cost_usd,
+                        routed,
+                        outcomes.get(tiers.large, nan),
+                        rec.status is not None and rec.status >= 400,
+                    )
+                )
                 if len(cols.rows) >= batch_rows:
                     yield cols.batch()
         except TraceFormatError as exc:
@@ -131,9 +139,19 @@ def _iter_jsonl(source: str, tiers: Tiers, batch_rows: int) -> Iterator[DriftBat
         yield cols.batch()
 
 
-PARQUET_COLUMNS = ("time", "score", "tier", "cost_usd", "policy", "status", "outcome_small",
-                   "outcome_large", "prompt_tokens", "completion_tokens_small",
-                   "completion_tokens_large")
+PARQUET_COLUMNS = (
+    "time",
+    "score",
+    "tier",
+    "cost_usd",
+    "policy",
+    "status",
+    "outcome_small",
+    "outcome_large",
+    "prompt_tokens",
+    "completion_tokens_small",
+    "completion_tokens_large",
+)
 
 
 def _dataset(source: str) -> pads.Dataset:
@@ -155,11 +173,14 @@ def _iter_parquet(source: str, tiers: Tiers, batch_rows: int) -> Iterator[DriftB
     names = set(ds.schema.names)
     for need in ("time", "score"):
         if need not in names:
-            raise DriftInputError(f"{source}: missing column {need!r} "
-                                  f"(columns: {', '.join(sorted(names))})")
+            raise DriftInputError(
+                f"{source}: missing column {need!r} (columns: {', '.join(sorted(names))})"
+            )
     if "tier" not in names and tiers.threshold is None:
-        raise DriftInputError(f"{source}: no 'tier' column, and no threshold to decide the tier "
-                              "(give --threshold or a config whose policy has one)")
+        raise DriftInputError(
+            f"{source}: no 'tier' column, and no threshold to decide the tier "
+            "(give --threshold or a config whose policy has one)"
+        )
     columns = [c for c in PARQUET_COLUMNS if c in names]
     filt = None
     if tiers.policy is not None and "policy" in names:
@@ -170,8 +191,13 @@ def _iter_parquet(source: str, tiers: Tiers, batch_rows: int) -> Iterator[DriftB
     try:
         for fragment in ds.get_fragments(filter=filt):
             # The dataset's schema: partition fields (`date=`, `policy=` folders) are columns too.
-            for batch in fragment.to_batches(schema=ds.schema, columns=columns, filter=filt,
-                                             batch_size=batch_rows, batch_readahead=2):  # fmt: skip
+            for batch in fragment.to_batches(
+                schema=ds.schema,
+                columns=columns,
+                filter=filt,
+                batch_size=batch_rows,
+                batch_readahead=2,
+            ):
                 if batch.num_rows:
                     yield _parquet_batch(batch, names, tiers)
     except (OSError, pa.ArrowInvalid) as exc:
@@ -199,17 +225,35 @@ def _parquet_batch(batch: pa.RecordBatch, names: set[str], tiers: Tiers) -> Drif
     routed[~tiered] = np.nan
     if "cost_usd" in names:
         cost = _float(batch, "cost_usd")
-    elif tiers.prices is not None and {"prompt_tokens", "completion_tokens_small",
-                                        "completion_tokens_large"} <= names:
+    elif (
+        tiers.prices is not None
+        and {"prompt_tokens", "completion_tokens_small", "completion_tokens_large"} <= names
+    ):
         prompt = _float(batch, "prompt_tokens")
         small_p, large_p = tiers.prices
-        cost_small = cost_nanos(small_p.input_per_mtok, small_p.output_per_mtok, prompt,
-                                _float(batch, "completion_tokens_small"))
-        cost_large = cost_nanos(large_p.input_per_mtok, large_p.output_per_mtok, prompt,
-                                _float(batch, "completion_tokens_large"))
+        cost_small = cost_nanos(
+            small_p.input_per_mtok,
+            small_p.output_per_mtok,
+            prompt,
+            _float(batch, "completion_tokens_small"),
+        )
+        cost_large = cost_nanos(
+            large_p.input_per_mtok,
+            large_p.output_per_mtok,
+            prompt,
+            _float(batch, "completion_tokens_large"),
+        )
         cost = np.where(large, cost_large, cost_small) / NANOS_PER_USD
     else:
         cost = nan
     error = (_float(batch, "status") >= 400) if "status" in names else np.zeros(n, bool)
-    return DriftBatch(time=time, score=score, tiered=tiered, large=large, cost=cost,
-                      routed_outcome=routed, large_outcome=large_q, error=error)
+    return DriftBatch(
+        time=time,
+        score=score,
+        tiered=tiered,
+        large=large,
+        cost=cost,
+        routed_outcome=routed,
+        large_outcome=large_q,
+        error=error,
+    )

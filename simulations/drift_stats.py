@@ -131,7 +131,7 @@ class BernoulliCusum:
         # each alarm would cost O(batch) per alarm.
         size = 1024
         while offset < len(events):
-            chunk = events[offset: offset + size]
+            chunk = events[offset : offset + size]
             first: int | None = None
             paths = []
             for side, (yes, no) in enumerate(self._inc):

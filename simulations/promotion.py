@@ -134,12 +134,21 @@ def retune(
         ratio = None
         if inputs is not None:
             ratio = _quality_ratio(inputs, after)
-        return Retuned(policy, threshold, after, Target("large_share", share_before), False,
-                       share_before, achieved_share(new, after), ratio)  # fmt: skip
+        return Retuned(
+            policy,
+            threshold,
+            after,
+            Target("large_share", share_before),
+            False,
+            share_before,
+            achieved_share(new, after),
+            ratio,
+        )
     if inputs is None and target.kind == "large_share":
         after = round(threshold_for_share(new, target.value), 6)
-        return Retuned(policy, threshold, after, target, True, share_before,
-                       achieved_share(new, after))  # fmt: skip
+        return Retuned(
+            policy, threshold, after, target, True, share_before, achieved_share(new, after)
+        )
     if inputs is None:
         raise ValueError(
             f"policies.{policy}: its target ({target.describe()}) needs the requests' outcomes: "
@@ -147,8 +156,16 @@ def retune(
         )
     result = tune(inputs, target, default_thresholds(grid), resamples=0)
     after = round(result.threshold, 6)
-    return Retuned(policy, threshold, after, target, True, share_before,
-                   achieved_share(new, after), result.quality_ratio)  # fmt: skip
+    return Retuned(
+        policy,
+        threshold,
+        after,
+        target,
+        True,
+        share_before,
+        achieved_share(new, after),
+        result.quality_ratio,
+    )
 
 
 def _quality_ratio(inputs: SweepInputs, threshold: float) -> float:

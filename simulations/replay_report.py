@@ -175,5 +175,3 @@ def run_stream(
         + "\n\nspend by team (top 10):\n"
         + reports.table(["team", "USD"], [(k, f"{v:.2f}") for k, v in top])
     )
-
-

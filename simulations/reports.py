@@ -108,21 +108,32 @@ def html_table(t: HtmlTable) -> str:
             cls = " class='num'" if _is_number(text) else ""
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f"<table><caption>{html.escape(t.caption)}</caption><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>")
+    return (
+        f"<table><caption>{html.escape(t.caption)}</caption><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
 
 
-def html_page(title: str, png: bytes | None, tables: Sequence[HtmlTable] = (),
-              notes: Sequence[str] = (), alt: str = "") -> str:
+def html_page(
+    title: str,
+    png: bytes | None,
+    tables: Sequence[HtmlTable] = (),
+    notes: Sequence[str] = (),
+    alt: str = "",
+) -> str:
     """A self-contained report page: notes, the report's tables, then the chart (inline PNG)."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-             f"</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+        f"</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+    ]
     parts += [f"<p class='note'>{html.escape(n)}</p>" for n in notes if n]
     parts += [html_table(t) for t in tables]
     if png is not None:
         b64 = base64.b64encode(png).decode("ascii")
-        parts.append(f"<figure><img alt='{html.escape(alt or title)}' "
-                     f"src='data:image/png;base64,{b64}'></figure>")
+        parts.append(
+            f"<figure><img alt='{html.escape(alt or title)}' "
+            f"src='data:image/png;base64,{b64}'></figure>"
+        )
     parts.append("</body></html>\n")
     return "".join(parts)
 
@@ -141,8 +152,13 @@ def check_chart_path(path: str | Path) -> Path:
     return p
 
 
-def _save(fig: Any, path: str | Path, title: str, tables: Sequence[HtmlTable] = (),
-          notes: Sequence[str] = ()) -> None:
+def _save(
+    fig: Any,
+    path: str | Path,
+    title: str,
+    tables: Sequence[HtmlTable] = (),
+    notes: Sequence[str] = (),
+) -> None:
     """A .png: the chart; a .html: the report's tables and notes with the chart below them."""
     import matplotlib.pyplot as plt
 
@@ -155,8 +171,14 @@ def _save(fig: Any, path: str | Path, title: str, tables: Sequence[HtmlTable] = 
         p.write_text(html_page(title, png, tables, notes), encoding="utf-8")
 
 
-def pareto_chart(result: SweepResult, chosen: int | None, path: str | Path, title: str,
-                 tables: Sequence[HtmlTable] = (), notes: Sequence[str] = ()) -> None:
+def pareto_chart(
+    result: SweepResult,
+    chosen: int | None,
+    path: str | Path,
+    title: str,
+    tables: Sequence[HtmlTable] = (),
+    notes: Sequence[str] = (),
+) -> None:
     """Cost per 1k requests vs quality over the sweep, Pareto frontier, chosen threshold marked.
     The HTML page also lists `tables` (the report's) and the Pareto front's points."""
     import matplotlib
@@ -193,8 +215,11 @@ def pareto_chart(result: SweepResult, chosen: int | None, path: str | Path, titl
         )
         for i in front
     ]
-    front_table = HtmlTable("Pareto front: the thresholds no other beats on both cost and quality",
-                            ["threshold", "large share", "quality", "$/1k"], rows)
+    front_table = HtmlTable(
+        "Pareto front: the thresholds no other beats on both cost and quality",
+        ["threshold", "large share", "quality", "$/1k"],
+        rows,
+    )
     _save(fig, path, title, [*tables, front_table], notes)
 
 
@@ -206,9 +231,14 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return v, np.arange(1, v.size + 1) / v.size
 
 
-def latency_chart(latencies: Mapping[str, np.ndarray], path: str | Path, title: str,
-                  reference: str | None = None, tables: Sequence[HtmlTable] = (),
-                  notes: Sequence[str] = ()) -> None:
+def latency_chart(
+    latencies: Mapping[str, np.ndarray],
+    path: str | Path,
+    title: str,
+    reference: str | None = None,
+    tables: Sequence[HtmlTable] = (),
+    notes: Sequence[str] = (),
+) -> None:
     """Small multiples of the end-to-end latency CDF: one panel per scenario (its p50 and p95
     marked and in its title) over the other scenarios in light grey, with the `reference`
     scenario (what-if: "routed") dashed in every panel; one shared log-x axis, no legend over
@@ -225,8 +255,14 @@ def latency_chart(latencies: Mapping[str, np.ndarray], path: str | Path, title: 
         raise ValueError("no latencies to chart")
     cols = min(4, len(names))
     nrows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols, 2.7 * nrows + 0.9), sharex=True,
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        nrows,
+        cols,
+        figsize=(3.4 * cols, 2.7 * nrows + 0.9),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+    )
     curves = {n: _cdf(latencies[n]) for n in names}
     for ax, name in zip(axes.flat, names, strict=False):
         for other in names:
@@ -238,28 +274,45 @@ def latency_chart(latencies: Mapping[str, np.ndarray], path: str | Path, title: 
         ax.plot(*curves[name], color=own, lw=2.4)
         p50, p95 = np.percentile(latencies[name], [50, 95])
         ax.plot([p50, p95], [0.5, 0.95], "o", color="black", ms=4, zorder=5)
-        ax.set_title(f"{name}\np50 {p50:.3g} s, p95 {p95:.3g} s", fontsize=9,
-                     fontweight="bold" if name == reference else "normal")
+        ax.set_title(
+            f"{name}\np50 {p50:.3g} s, p95 {p95:.3g} s",
+            fontsize=9,
+            fontweight="bold" if name == reference else "normal",
+        )
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     fig.supxlabel("end-to-end latency, s (log scale)", fontsize=9)
     fig.supylabel("fraction of requests", fontsize=9)
     fig.suptitle(title, fontsize=11, y=0.995)
-    handles = [Line2D([], [], color=OWN_COLOR, lw=2.4, label="the panel's scenario"),
-               Line2D([], [], color=CONTEXT_COLOR, lw=0.9, label="the other scenarios"),
-               Line2D([], [], ls="none", marker="o", color="black", ms=4, label="p50, p95")]
+    handles = [
+        Line2D([], [], color=OWN_COLOR, lw=2.4, label="the panel's scenario"),
+        Line2D([], [], color=CONTEXT_COLOR, lw=0.9, label="the other scenarios"),
+        Line2D([], [], ls="none", marker="o", color="black", ms=4, label="p50, p95"),
+    ]
     if reference in curves:
-        handles.insert(1, Line2D([], [], color=ROUTED_COLOR, lw=1.2, ls="--",
-                                 label=f"{reference} (for comparison)"))
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
-               frameon=False, bbox_to_anchor=(0.5, 0.96))
+        handles.insert(
+            1,
+            Line2D(
+                [], [], color=ROUTED_COLOR, lw=1.2, ls="--", label=f"{reference} (for comparison)"
+            ),
+        )
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(0.5, 0.96),
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     if not tables:
-        rows = [(n, float(np.percentile(latencies[n], 50)), float(np.percentile(latencies[n], 95)))
-                for n in names]
+        rows = [
+            (n, float(np.percentile(latencies[n], 50)), float(np.percentile(latencies[n], 95)))
+            for n in names
+        ]
         tables = [HtmlTable("latency per scenario", ["scenario", "p50 s", "p95 s"], rows)]
     _save(fig, path, title, tables, notes)

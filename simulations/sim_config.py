@@ -3,7 +3,7 @@
 The command layer (router/commands/simulate.py) builds a `SimConfig` from a router config's
 sections (`SimConfig.from_sections`); without a config file the simulator uses its defaults
 (`SIMULATOR_DEFAULTS`), which are the proxy's embedded defaults (`cost-router serve` without a
-config, router/demo.py): the same tier prices (backends/example_prices.py, the RouteLLM data
+config, router/server/demo.py): the same tier prices (backends/example_prices.py, the RouteLLM data
 README's: large $10/$30, small $0.60/$0.60 per million tokens), no `policies:` section, so the
 built-in default policy routes between the cheapest and the priciest tier at the classifier
 card's `default_threshold` (policies/registry.py `default_policy`), and the classifier's and
@@ -24,8 +24,9 @@ from pydantic import BaseModel, ValidationError
 from backends.config import Price, TierConfig
 from backends.example_prices import EXAMPLE_PRICES
 from classifiers.config import ClassifierConfig
-from policies.config import BudgetsConfig, ConfigError, PolicyConfig, TeamConfig
+from policies.config import BudgetsConfig, PolicyConfig, TeamConfig
 from policies.registry import PolicyEnv, check_routing, tiers_by_price
+from trace_format.config_base import ConfigError
 
 DEFAULT_POLICY = "balanced"
 
@@ -33,7 +34,7 @@ DEFAULT_POLICY = "balanced"
 # them: tiers (name and price only: nothing is called), policies (none: the built-in default
 # policy at the card's threshold), default_policy, classifier, teams, budgets. Read-only: use
 # `defaults_document()` for a copy to change. tests/simulations/test_sim_defaults.py checks them
-# against router/demo.py's config.
+# against router/server/demo.py's config.
 SIMULATOR_DEFAULTS: Mapping[str, Any] = {
     "tiers": [{"name": name, "price": p.model_dump()} for name, p in EXAMPLE_PRICES.items()],
     "default_policy": DEFAULT_POLICY,
@@ -102,13 +103,18 @@ class SimConfig:
         for i, tier in enumerate(tiers):
             name = tier.get("name") if isinstance(tier, dict) else None
             if not isinstance(name, str) or not name or name in prices:
-                raise ConfigError(f"{source}: tiers.{i}.name: expected a new tier name, "
-                                  f"got {name!r}")  # fmt: skip
+                raise ConfigError(
+                    f"{source}: tiers.{i}.name: expected a new tier name, got {name!r}"
+                )
             prices[name] = _section(Price, tier.get("price"), f"tiers.{i}.price", source)
-        policies = {name: _section(PolicyConfig, p, f"policies.{name}", source)
-                    for name, p in _mapping(doc, "policies", source).items()}  # fmt: skip
-        teams = {name: _section(TeamConfig, t, f"teams.{name}", source)
-                 for name, t in _mapping(doc, "teams", source).items()}  # fmt: skip
+        policies = {
+            name: _section(PolicyConfig, p, f"policies.{name}", source)
+            for name, p in _mapping(doc, "policies", source).items()
+        }
+        teams = {
+            name: _section(TeamConfig, t, f"teams.{name}", source)
+            for name, t in _mapping(doc, "teams", source).items()
+        }
         classifier = _section(ClassifierConfig, doc.get("classifier"), "classifier", source)
         budgets = _section(BudgetsConfig, doc.get("budgets"), "budgets", source)
         default_policy = doc.get("default_policy", DEFAULT_POLICY)

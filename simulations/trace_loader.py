@@ -31,8 +31,14 @@ def load_trace(
 ) -> ReplayTrace:
     """JSONL traces and RouteLLM CSVs through the one loader; `.parquet` files directly."""
     trace, _notes = _load(
-        paths, small_column, large_column, default_completion_tokens, exclude_contaminated,
-        require_outcomes, context_turns, labelled_only=False,
+        paths,
+        small_column,
+        large_column,
+        default_completion_tokens,
+        exclude_contaminated,
+        require_outcomes,
+        context_turns,
+        labelled_only=False,
     )
     return trace
 
@@ -47,7 +53,13 @@ def load_labelled_trace(
     """Like load_trace, leaving out requests without both outcomes (or without text); returns
     the trace and notes saying what was left out. No request left: TraceError naming the first."""
     return _load(
-        paths, small_column, large_column, default_completion_tokens, True, True, context_turns,
+        paths,
+        small_column,
+        large_column,
+        default_completion_tokens,
+        True,
+        True,
+        context_turns,
         labelled_only=True,
     )
 
@@ -82,8 +94,7 @@ def _load(
         raise TraceError(str(exc)) from None
     if not len(ds) and ds.first_unlabelled:
         raise TraceError(
-            f"no labelled requests: {ds.unlabelled} have no outcomes "
-            f"(first: {ds.first_unlabelled})"
+            f"no labelled requests: {ds.unlabelled} have no outcomes (first: {ds.first_unlabelled})"
         )
     return from_dataset(ds, default_completion_tokens), _notes(ds)
 

@@ -212,8 +212,11 @@ def bootstrap(
     whole = np.zeros((1, n + 1, v.shape[1]))  # every request once: the point values
     np.cumsum(v, axis=0, out=whole[0, 1:])
     point = dict(
-        zip(("quality", "quality_ratio", "cost_per_1k", "large_share"), _metrics(whole, split),
-            strict=True)
+        zip(
+            ("quality", "quality_ratio", "cost_per_1k", "large_share"),
+            _metrics(whole, split),
+            strict=True,
+        )
     )
     for start in range(0, resamples, rows):
         k = min(rows, resamples - start)

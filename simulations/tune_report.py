@@ -83,8 +83,9 @@ def run_tune(
         "CPT(50%)": cpt(scores, inputs.quality_small, inputs.quality_large, 0.5),
         "CPT(80%)": cpt(scores, inputs.quality_small, inputs.quality_large, 0.8),
     }
-    head, rows, foot = tune_parts(result, policy.name, describe_prices(sim.prices), len(trace),
-                                  extra)
+    head, rows, foot = tune_parts(
+        result, policy.name, describe_prices(sim.prices), len(trace), extra
+    )
     text = tune_text(head, rows, foot)
     if json_out:
         reports.write_json(
@@ -99,10 +100,11 @@ def run_tune(
     if chart:
         chosen = int(np.argmin(np.abs(result.sweep.thresholds - result.threshold)))
         reports.pareto_chart(
-            result.sweep, chosen, chart, f"{policy.name}: {tgt.describe()}",
+            result.sweep,
+            chosen,
+            chart,
+            f"{policy.name}: {tgt.describe()}",
             tables=[reports.HtmlTable("the chosen threshold", TABLE_HEADERS, rows)],
             notes=[*head, foot],
         )
     return text, result
-
-

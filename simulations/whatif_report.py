@@ -48,8 +48,16 @@ def run_whatif(
                 f"{p['p95_s']:.3f}",
             )
         )
-    headers = ["scenario", "lever", "$/1k", "quality", "large", "busiest tier load", "p50 s",
-               "p95 s"]
+    headers = [
+        "scenario",
+        "lever",
+        "$/1k",
+        "quality",
+        "large",
+        "busiest tier load",
+        "p50 s",
+        "p95 s",
+    ]
     notes = [f"{len(trace)} requests, {source}", spec_summary(levers)]
     if any(r.max_utilization > 1 for r in results):
         notes.append(

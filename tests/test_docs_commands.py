@@ -22,9 +22,9 @@ the same parse-only way (sub-commands and flags exist; `a|b` alternatives each),
 
 The README's first two commands cannot run inside the test suite: `make test` runs this very
 suite, and `make demo` builds llama-cpp-python (minutes) and serves until Ctrl-C (the embedded
-demo itself is tests/router/test_demo.py). They are checked structurally: the Makefile targets
-exist, the venv they depend on installs `.[dev,demo]`, `demo` runs `cost-router serve` from it,
-and `test` starts Redis and runs `ruff check .`, `lint-imports` and pytest.
+demo itself is tests/router/server/test_demo.py). They are checked structurally: the Makefile
+targets exist, the venv they depend on installs `.[dev,demo]`, `demo` runs `cost-router serve` from
+it, and `test` starts Redis and runs `ruff check .`, `lint-imports` and pytest.
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ import typer.main
 
 from classifiers.dataset import routellm_data_dir
 from router.cli import app
-from router.config import ConfigError, load_config
+from router.config import load_config
 from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
 from tests.support.sim import write_jsonl_trace
+from trace_format.config_base import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -59,8 +60,10 @@ CLI = typer.main.get_command(app)
 MARKER = re.compile(r"<!--\s*docs-test:\s*(skip|slow)\s*\(([^)]*\w[^)]*)\)\s*-->")
 ANY_MARKER = re.compile(r"<!--\s*docs-test:")
 # What a user types first; anything else in a code block is output, config or prose.
-PROGRAMS = re.compile(r"(?:\.venv/bin/)?(?:cost-router|python3?|make|curl|pip|ruff|lint-imports)"
-                      r"(?:\s|$)")
+PROGRAMS = re.compile(
+    r"(?:\.venv/bin/)?(?:cost-router|python3?|make|curl|pip|ruff|lint-imports)"
+    r"(?:\s|$)"
+)
 PREFIXES = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+|cd\s+\S+\s*&&\s*|chrt\s+-f\s+\d+\s+)+")
 OPTIONAL = re.compile(r"\s*\[[^\]]*\]")
 # Placeholders the docs use for values only a run knows.
@@ -204,13 +207,17 @@ def inline_cli_spans() -> list[tuple[str, str]]:
     return spans
 
 
-@pytest.mark.parametrize(("doc", "span"), inline_cli_spans(),
-                         ids=[f"{d}:{s[:40]}" for d, s in inline_cli_spans()])
+@pytest.mark.parametrize(
+    ("doc", "span"), inline_cli_spans(), ids=[f"{d}:{s[:40]}" for d, s in inline_cli_spans()]
+)
 def test_inline_command_names_real_subcommands_and_flags(doc: str, span: str) -> None:
     words = OPTIONAL.sub(lambda m: " " + m.group(0).strip()[1:-1], span).split()[1:]
     # A placeholder (COMMAND, FILE, `...`) ends what can be checked.
-    words = [w for w in words if not re.fullmatch(r"[A-Z]+|\.\.\.", w)] if words and re.fullmatch(
-        r"[A-Z]+", words[0]) is None else []
+    words = (
+        [w for w in words if not re.fullmatch(r"[A-Z]+|\.\.\.", w)]
+        if words and re.fullmatch(r"[A-Z]+", words[0]) is None
+        else []
+    )
     alternatives = [[]]
     for w in words:
         if "|" in w and not w.startswith("-"):
@@ -257,7 +264,10 @@ def test_readme_first_commands_are_make_demo_and_make_test() -> None:
     test_deps, test = recipe("test")
     assert "$(STAMP)" in test_deps.split() and "redis" in test_deps.split()
     assert [ln.strip() for ln in test.splitlines() if ln.strip()] == [
-        "$(BIN)/ruff check .", "$(BIN)/lint-imports", "$(BIN)/python -m pytest -q"]
+        "$(BIN)/ruff check .",
+        "$(BIN)/lint-imports",
+        "$(BIN)/python -m pytest -q",
+    ]
     _, redis_recipe = recipe("redis")
     assert "redis-server" in redis_recipe
 
@@ -276,8 +286,11 @@ def test_every_documented_command_is_recognised() -> None:
             assert c.marker[1], c.where
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c.marker or OPTIONAL.search(c.text)],
-                         ids=lambda c: f"{c.doc}:{c.line}")
+@pytest.mark.parametrize(
+    "command",
+    [c for c in COMMANDS if c.marker or OPTIONAL.search(c.text)],
+    ids=lambda c: f"{c.doc}:{c.line}",
+)
 def test_marked_or_optional_command_lines_parse(command: DocCommand) -> None:
     words = _words(OPTIONAL.sub(lambda m: " " + m.group(0).strip()[1:-1], command.text))
     if command.is_benchmark:
@@ -299,11 +312,13 @@ def test_benchmark_commands_accept_their_flags() -> None:
         run = (words[at], words[at + 1]) if words[at] == "-m" else (words[at],)
         # Flags the doc passes, each with where it is shown.
         scripts.setdefault(run, set()).update(
-            f"{w.split('=')[0]}\t{c.where}" for w in words[at + len(run):] if w.startswith("--"))
+            f"{w.split('=')[0]}\t{c.where}" for w in words[at + len(run) :] if w.startswith("--")
+        )
 
     def help_of(run: tuple[str, ...]) -> tuple[tuple[str, ...], subprocess.CompletedProcess[str]]:
-        return run, subprocess.run([sys.executable, *run, "--help"], cwd=REPO, text=True,
-                                   capture_output=True, timeout=120)
+        return run, subprocess.run(
+            [sys.executable, *run, "--help"], cwd=REPO, text=True, capture_output=True, timeout=120
+        )
 
     with ThreadPoolExecutor(4) as pool:
         for run, proc in pool.map(help_of, scripts):
@@ -335,24 +350,31 @@ def sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
         " treatment: {policy: balanced, weight: 1}}}\n"
         "teams:\n  search: {budget: {limit_usd: 500, period: monthly}}\n"
         f"budgets: {{store: redis, redis_url: '{REDIS_URL}', key_prefix: {prefix}}}\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     (tmp_path / "docs").symlink_to(REPO / "docs")
     traces = tmp_path / "traces"
     traces.mkdir()
     records = write_jsonl_trace(tmp_path / "traces.jsonl", 60, teams=("search",))
     for i, r in enumerate(records):
         control = i % 2 == 0
-        r.update(user=f"user-{i % 12}", experiment="routing-ab",
-                 arm="control" if control else "treatment",
-                 policy="everything-large" if control else "balanced",
-                 tier="large" if control or i % 3 == 0 else "small",
-                 latency_ms=40.0 + i, cost_usd=0.0001 * (1 + control))
-    (traces / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records),
-                                           encoding="utf-8")
+        r.update(
+            user=f"user-{i % 12}",
+            experiment="routing-ab",
+            arm="control" if control else "treatment",
+            policy="everything-large" if control else "balanced",
+            tier="large" if control or i % 3 == 0 else "small",
+            latency_ms=40.0 + i,
+            cost_usd=0.0001 * (1 + control),
+        )
+    (traces / "requests.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records), encoding="utf-8"
+    )
     data = tmp_path / "routellm" / "mmlu"
     data.mkdir(parents=True)
     (data / SMALL_SUBJECT).write_bytes(
-        (routellm_data_dir() / "mmlu" / "responses" / SMALL_SUBJECT).read_bytes())
+        (routellm_data_dir() / "mmlu" / "responses" / SMALL_SUBJECT).read_bytes()
+    )
     yield {"cwd": str(tmp_path), "prefix": prefix, "data": str(data.parent)}
     delete_prefix(prefix)
 
@@ -378,8 +400,14 @@ def test_unmarked_commands_run(sandbox: dict[str, str]) -> None:
         assert args is not None, f"{c.where}: unmarked, and not a command this test runs: mark it"
         if key_id is not None:
             args = [key_id if a == DOC_KEY_ID else a for a in args]
-        proc = subprocess.run([str(VENV_BIN / "cost-router"), *args], cwd=sandbox["cwd"],
-                              env=env, text=True, capture_output=True, timeout=120)
+        proc = subprocess.run(
+            [str(VENV_BIN / "cost-router"), *args],
+            cwd=sandbox["cwd"],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, f"{c.where}\nexit {proc.returncode}\n{proc.stderr[-3000:]}"
         if args[:2] == ["keys", "create"]:
             key_id = re.search(r"key id (\w+)", proc.stderr).group(1)  # type: ignore[union-attr]
@@ -395,7 +423,8 @@ def test_readme_toolbox_commands_run_on_small_inputs(sandbox: dict[str, str]) ->
     (Path(sandbox["cwd"]) / "requests.jsonl").write_text(
         '{"prompt": "What is 2 + 2?"}\n'
         '{"messages": [{"role": "user", "content": "Prove that sqrt(2) is irrational."}]}\n',
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     runs = [
         (["classifier", "eval", data, "--rounds", "50"], None, "APGR"),
         (["classifier", "score"], "requests.jsonl", '"score"'),
@@ -404,8 +433,14 @@ def test_readme_toolbox_commands_run_on_small_inputs(sandbox: dict[str, str]) ->
     ]
     for args, stdin, expect in runs:
         with open(Path(sandbox["cwd"]) / stdin if stdin else os.devnull, "rb") as fh:
-            proc = subprocess.run([str(VENV_BIN / "cost-router"), *args], cwd=sandbox["cwd"],
-                                  env=env, stdin=fh, capture_output=True, timeout=120)
+            proc = subprocess.run(
+                [str(VENV_BIN / "cost-router"), *args],
+                cwd=sandbox["cwd"],
+                env=env,
+                stdin=fh,
+                capture_output=True,
+                timeout=120,
+            )
         out = proc.stdout.decode() + proc.stderr.decode()
         assert proc.returncode == 0, f"cost-router {' '.join(args)}: {out[-3000:]}"
         assert expect in out, f"cost-router {' '.join(args)}: {out[-3000:]}"
@@ -426,15 +461,16 @@ def doc_configs() -> list[tuple[str, int, str]]:
             if not re.match(r"```ya?ml\s*$", line.strip()):
                 continue
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
-            body = "\n".join(lines[i + 1:end])
+            body = "\n".join(lines[i + 1 : end])
             above = next((ln for ln in reversed(lines[:i]) if ln.strip()), "")
             if re.search(r"^tiers:", body, flags=re.M) and not MARKER.search(above):
                 out.append((path.name, i + 2, body))
     return out
 
 
-@pytest.mark.parametrize(("doc", "line", "body"), doc_configs(),
-                         ids=[f"{d}:{n}" for d, n, _ in doc_configs()])
+@pytest.mark.parametrize(
+    ("doc", "line", "body"), doc_configs(), ids=[f"{d}:{n}" for d, n, _ in doc_configs()]
+)
 def test_whole_configs_in_the_docs_pass_config_check(
     doc: str, line: int, body: str, tmp_path: Path
 ) -> None:
@@ -459,14 +495,20 @@ def test_example_configs_pass_config_check() -> None:
 def test_tables_keep_long_key_ids_and_team_names(sandbox: dict[str, str]) -> None:
     team = "platform-infrastructure-search-quality-evaluation"
     config = Path(sandbox["cwd"]) / "router.yaml"
-    config.write_text(config.read_text(encoding="utf-8").replace("search:", f"{team}:"),
-                      encoding="utf-8")
+    config.write_text(
+        config.read_text(encoding="utf-8").replace("search:", f"{team}:"), encoding="utf-8"
+    )
     env = _env(sandbox)
     env["COLUMNS"] = "60"  # a narrow terminal's width, which piped output would otherwise get
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(VENV_BIN / "cost-router"), *args, "-c", str(config)], env=env,
-                              text=True, capture_output=True, timeout=120)
+        proc = subprocess.run(
+            [str(VENV_BIN / "cost-router"), *args, "-c", str(config)],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc
 

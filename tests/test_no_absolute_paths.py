@@ -22,7 +22,9 @@ def _repository_files() -> list[Path]:
     # Tracked files and new ones not ignored: what a commit would carry.
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
     ).stdout.decode()
     return [ROOT / name for name in out.split("\0") if name]
 
@@ -35,8 +37,14 @@ def test_the_pattern_flags_machine_paths_only() -> None:
     assert machine_paths('DATA = Path("/work/shared/data/routellm")')
     assert machine_paths("see /home/alice/notes.md")
     assert machine_paths("--traces /data/team/shared/data/routellm")
-    for fine in ("../shared/data/routellm", "https://example.com/home/x", "~/work/x",
-                 "--out /tmp/ab.png", "docs/img/x.png", "$COST_ROUTER_DATA/gsm8k"):
+    for fine in (
+        "../shared/data/routellm",
+        "https://example.com/home/x",
+        "~/work/x",
+        "--out /tmp/ab.png",
+        "docs/img/x.png",
+        "$COST_ROUTER_DATA/gsm8k",
+    ):
         assert not machine_paths(fine), fine
 
 

@@ -17,13 +17,25 @@ def feedback_path_for(trace_path: str | Path) -> Path:
     return Path(trace_path).parent / FEEDBACK_FILE
 
 
-def feedback_line(request_id: str, score: float, comment: str | None,
-                  now: float | None = None, *, team: str | None = None,
-                  key_id: str | None = None) -> tuple[dict[str, Any], bytes]:
+def feedback_line(
+    request_id: str,
+    score: float,
+    comment: str | None,
+    now: float | None = None,
+    *,
+    team: str | None = None,
+    key_id: str | None = None,
+) -> tuple[dict[str, Any], bytes]:
     """One feedback record and its encoded line. `team`/`key_id`: who sent it (the proxy only
     accepts feedback from the team that made the request)."""
-    record = {"request_id": request_id, "score": score, "comment": comment,
-              "time": time.time() if now is None else now, "team": team, "key_id": key_id}
+    record = {
+        "request_id": request_id,
+        "score": score,
+        "comment": comment,
+        "time": time.time() if now is None else now,
+        "team": team,
+        "key_id": key_id,
+    }
     return record, orjson.dumps(record) + b"\n"
 
 

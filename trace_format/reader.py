@@ -92,7 +92,7 @@ def _rotation(name: str) -> tuple[str, int] | None:
     return (base, int(n)) if dot and base.endswith(".jsonl") and n.isdigit() else None
 
 
-# Prefix of the shadow comparisons' files (router/evaluation): the counterpart tier's answers to
+# Prefix of the shadow comparisons' files (router/learning): the counterpart tier's answers to
 # sampled requests, kept beside the traces; they are not requests.
 SHADOW_PREFIX = "shadow"
 

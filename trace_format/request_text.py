@@ -1,13 +1,16 @@
 """The text a request carries: the one place that reads OpenAI chat and completions bodies.
 
 `request_text` is what the classifier scores and what a trace records as `prompt`;
-`upstream_text` is everything the upstream reads (for token counts when it reports none).
+`upstream_text` is everything the upstream reads (for token counts when it reports none);
+`stream_texts` is the text an answer streamed (chat or completions chunks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 CONTEXT_CHARS = 1000  # each earlier turn contributes at most its last this many characters
 
@@ -73,3 +76,24 @@ def upstream_text(body: Mapping[str, Any]) -> str:
             text_of_content(m.get("content")) for m in messages if isinstance(m, Mapping)
         )
     return prompt_field(body.get("prompt"))
+
+
+def _event_object(data: bytes | None) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data) if data else None
+    except orjson.JSONDecodeError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def stream_texts(contents: list[bytes]) -> list[str]:
+    """The generated text of chat (delta.content) or completions (text) chunks, in order."""
+    texts: list[str] = []
+    for data in contents:
+        for choice in _event_object(data).get("choices") or ():
+            if isinstance(choice, dict):
+                delta = choice.get("delta")
+                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+    return texts

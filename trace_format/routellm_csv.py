@@ -151,8 +151,16 @@ def iter_rows(
             small_response = record[rs] if rs is not None else None
             large_response = record[rl] if rl is not None else None
             if prompt in banned:
-                yield CsvRow(where, f"{name}:{row}", prompt, math.nan, math.nan,
-                             small_response, large_response, contaminated=True)  # fmt: skip
+                yield CsvRow(
+                    where,
+                    f"{name}:{row}",
+                    prompt,
+                    math.nan,
+                    math.nan,
+                    small_response,
+                    large_response,
+                    contaminated=True,
+                )
                 continue
             yield CsvRow(
                 where,

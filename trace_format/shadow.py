@@ -1,5 +1,5 @@
 """The shadow file: one JSON object per line beside the traces (`shadow.jsonl`), written by the
-proxy's shadow comparisons (router/evaluation/shadow.py).
+proxy's shadow comparisons (router/learning/shadow.py).
 
 Version 1 fields: ``schema_version``, ``request_id``, ``time``, ``team``, ``policy``,
 ``endpoint``, and ``primary`` / ``shadow``, each {``tier``, ``model``, ``prompt_tokens``,

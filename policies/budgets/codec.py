@@ -41,7 +41,7 @@ class TeamKeys:
 
 def team_of_key(prefix: str, key: str) -> str:
     """The team a key of `prefix` belongs to (the text inside its hash tag)."""
-    return key[len(prefix) + 2: key.rindex("}")]
+    return key[len(prefix) + 2 : key.rindex("}")]
 
 
 def encode_limit(limit: BudgetLimit | None) -> str:

@@ -36,15 +36,21 @@ def bound_fields(endpoint: str) -> tuple[str, ...]:
 def requested_max_tokens(body: dict[str, Any], endpoint: str = "chat/completions") -> int | None:
     """The largest bound among the fields the endpoint obeys: an upstream that honours either
     name can never generate more than this."""
-    values = [v for name in bound_fields(endpoint)
-              if isinstance(v := body.get(name), int) and not isinstance(v, bool) and v > 0]
+    values = [
+        v
+        for name in bound_fields(endpoint)
+        if isinstance(v := body.get(name), int) and not isinstance(v, bool) and v > 0
+    ]
     return max(values, default=None)
 
 
 def choices_requested(body: dict[str, Any]) -> int:
     """Completions are billed per choice: n (and best_of, which generates that many)."""
-    counts = [v for v in (body.get("n"), body.get("best_of"))
-              if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    counts = [
+        v
+        for v in (body.get("n"), body.get("best_of"))
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0
+    ]
     return max(counts, default=1)
 
 
@@ -79,7 +85,10 @@ class WorstCase:
 
 
 def worst_case(
-    body: dict[str, Any], price: Price, default_max_tokens: int, mode: str = "bytes",
+    body: dict[str, Any],
+    price: Price,
+    default_max_tokens: int,
+    mode: str = "bytes",
     endpoint: str = "chat/completions",
 ) -> WorstCase:
     """prompt tokens x input price + max_tokens x output price (default when absent), per choice.

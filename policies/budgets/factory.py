@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 from policies.budgets.memory import InMemoryBudgetStore
 from policies.budgets.store import BudgetStore, Clock
-from policies.config import BudgetsConfig, ConfigError
+from policies.config import BudgetsConfig
 from policies.keys import InMemoryKeyStore, KeyStore, RedisKeyStore
+from trace_format.config_base import ConfigError
 
 log = logging.getLogger("cost_router.budgets")
 
@@ -30,8 +31,13 @@ def _redis(cfg: BudgetsConfig, clock: Clock) -> Stores:
     # Imported here: the embedded default (store: memory) never loads redis-py.
     from policies.budgets.redis_store import RedisBudgetStore
 
-    log.info("budgets: Redis store at %s (prefix %r, fail_mode %s, lease %.0fs)",
-             _redacted(cfg.redis_url), cfg.key_prefix, cfg.fail_mode, cfg.lease_s)
+    log.info(
+        "budgets: Redis store at %s (prefix %r, fail_mode %s, lease %.0fs)",
+        _redacted(cfg.redis_url),
+        cfg.key_prefix,
+        cfg.fail_mode,
+        cfg.lease_s,
+    )
     store = RedisBudgetStore(cfg, clock=clock)
     return store, RedisKeyStore(store.redis, cfg.key_prefix)
 
@@ -39,8 +45,13 @@ def _redis(cfg: BudgetsConfig, clock: Clock) -> Stores:
 def _redis_cluster(cfg: BudgetsConfig, clock: Clock) -> Stores:
     from policies.budgets.redis_cluster_store import RedisClusterBudgetStore
 
-    log.info("budgets: Redis Cluster store, seed node %s (prefix %r, fail_mode %s, lease %.0fs)",
-             _redacted(cfg.redis_url), cfg.key_prefix, cfg.fail_mode, cfg.lease_s)
+    log.info(
+        "budgets: Redis Cluster store, seed node %s (prefix %r, fail_mode %s, lease %.0fs)",
+        _redacted(cfg.redis_url),
+        cfg.key_prefix,
+        cfg.fail_mode,
+        cfg.lease_s,
+    )
     store = RedisClusterBudgetStore(cfg, clock=clock)
     return store, RedisKeyStore(store.redis, cfg.key_prefix)
 

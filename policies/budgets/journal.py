@@ -38,7 +38,7 @@ class Journal:
     def _adopt(self, base: Path) -> None:
         assert self.path is not None
         for other in sorted(base.parent.glob(base.name + ".*")):
-            if other == self.path or not other.name[len(base.name) + 1:].isdigit():
+            if other == self.path or not other.name[len(base.name) + 1 :].isdigit():
                 continue
             fd = os.open(other, os.O_RDWR)
             try:

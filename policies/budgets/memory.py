@@ -67,8 +67,10 @@ class InMemoryBudgetStore(BudgetStore):
         self._renewer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        log.warning("budgets: in-process store: spend lives in this process only and is lost on "
-                    "restart; use budgets.store: redis when running more than one replica")
+        log.warning(
+            "budgets: in-process store: spend lives in this process only and is lost on "
+            "restart; use budgets.store: redis when running more than one replica"
+        )
         if self._renewer is None:
             self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
 
@@ -102,8 +104,11 @@ class InMemoryBudgetStore(BudgetStore):
         return st.override if st.has_override else configured
 
     def _reclaim(self, now: float, team: str | None = None) -> int:
-        expired = [rid for rid, h in self._held.items()
-                   if h.expires <= now and (team is None or h.reservation.team == team)]
+        expired = [
+            rid
+            for rid, h in self._held.items()
+            if h.expires <= now and (team is None or h.reservation.team == team)
+        ]
         for rid in expired:
             held = self._held.pop(rid)
             for s in held.scopes:
@@ -150,15 +155,26 @@ class InMemoryBudgetStore(BudgetStore):
                     spent, cap = st.spent.get(win.id, 0), usd_to_nanos(limit.limit_usd)
                     if spent + st.reserved + amount > cap:
                         standing = SpendStanding(limit.period, cap, spent, st.reserved, amount)
-                        raise BudgetExceeded(scope.label(name), "budget",
-                                             win.seconds_to_reset(now), standing=standing)
+                        raise BudgetExceeded(
+                            scope.label(name),
+                            "budget",
+                            win.seconds_to_reset(now),
+                            standing=standing,
+                        )
             plan.append((name, st, win.id))
         for _, st, _ in plan:
             st.reserved += amount
             st.window_requests += 1
             st.window_tokens += tokens
-        res = Reservation(request_id, scope.team, scope.key_id, amount, tokens,
-                          {name: pid for name, _, pid in plan}, minute)
+        res = Reservation(
+            request_id,
+            scope.team,
+            scope.key_id,
+            amount,
+            tokens,
+            {name: pid for name, _, pid in plan},
+            minute,
+        )
         self._held[request_id] = _Held(res, now + self.lease_s, [n for n, _, _ in plan])
         self._local[request_id] = res
         return res
@@ -183,8 +199,17 @@ class InMemoryBudgetStore(BudgetStore):
                 st.window_tokens += charge.tokens - res.tokens
         self._done[request_id] = (charge.nanos, now)
         self._ledger.setdefault(res.team, []).append(
-            LedgerEntry(request_id, res.team, res.key_id, charge.nanos, kind,
-                        sorted(res.periods.items()), now, charge.overage_nanos))
+            LedgerEntry(
+                request_id,
+                res.team,
+                res.key_id,
+                charge.nanos,
+                kind,
+                sorted(res.periods.items()),
+                now,
+                charge.overage_nanos,
+            )
+        )
         return Settlement(request_id, charge.nanos, overage_nanos=charge.overage_nanos)
 
     async def release(self, request_id: str) -> None:
@@ -207,11 +232,22 @@ class InMemoryBudgetStore(BudgetStore):
             st = self._scope(scope.team, name)
             limit = self._effective(scope.team, name, configured)
             win = windows[limit.period if limit else "total"]
-            out.append(ScopeStatus(
-                name, limit.period if limit else "total", win.id,
-                None if limit is None or limit.limit_usd is None else usd_to_nanos(limit.limit_usd),
-                st.spent.get(win.id, 0), st.reserved, win.end, win.elapsed_fraction(now),
-                limit.rpm if limit else None, limit.tpm if limit else None))
+            out.append(
+                ScopeStatus(
+                    name,
+                    limit.period if limit else "total",
+                    win.id,
+                    None
+                    if limit is None or limit.limit_usd is None
+                    else usd_to_nanos(limit.limit_usd),
+                    st.spent.get(win.id, 0),
+                    st.reserved,
+                    win.end,
+                    win.elapsed_fraction(now),
+                    limit.rpm if limit else None,
+                    limit.tpm if limit else None,
+                )
+            )
         return out
 
     async def set_limit(self, team: str, key_id: str | None, limit: BudgetLimit | None) -> None:
@@ -226,16 +262,29 @@ class InMemoryBudgetStore(BudgetStore):
         pids = {w.id for w in self.windows(now).values()}
         wiped = sum(st.spent.pop(pid, 0) for pid in pids)
         self._ledger.setdefault(team, []).append(
-            LedgerEntry(f"reset-{now:.6f}", team, key_id, -wiped, "reset",
-                        [(name, pid) for pid in sorted(pids)], now))
+            LedgerEntry(
+                f"reset-{now:.6f}",
+                team,
+                key_id,
+                -wiped,
+                "reset",
+                [(name, pid) for pid in sorted(pids)],
+                now,
+            )
+        )
         return wiped
 
     async def ledger(self, team: str) -> list[LedgerEntry]:
         return list(self._ledger.get(team, []))
 
     async def spend(self, team: str) -> dict[tuple[str, str], int]:
-        return {(scope, pid): v for (t, scope), st in self._state.items() if t == team
-                for pid, v in st.spent.items() if v}
+        return {
+            (scope, pid): v
+            for (t, scope), st in self._state.items()
+            if t == team
+            for pid, v in st.spent.items()
+            if v
+        }
 
     async def teams(self) -> list[str]:
         return sorted({t for t, _ in self._state})

@@ -11,15 +11,27 @@ from policies.budgets.store import ScopeStatus
 class BudgetGauges:
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["team", "scope"]
-        self.spent = Gauge("cost_router_budget_spent_usd",
-                           "Settled spend in the current budget period", labels, registry=registry)
-        self.reserved = Gauge("cost_router_budget_reserved_usd",
-                              "Held by open reservations", labels, registry=registry)
-        self.remaining = Gauge("cost_router_budget_remaining_usd",
-                               "Limit minus spent minus reserved (absent when unlimited)", labels,
-                               registry=registry)
-        self.limit = Gauge("cost_router_budget_limit_usd", "Limit of the current period", labels,
-                           registry=registry)
+        self.spent = Gauge(
+            "cost_router_budget_spent_usd",
+            "Settled spend in the current budget period",
+            labels,
+            registry=registry,
+        )
+        self.reserved = Gauge(
+            "cost_router_budget_reserved_usd",
+            "Held by open reservations",
+            labels,
+            registry=registry,
+        )
+        self.remaining = Gauge(
+            "cost_router_budget_remaining_usd",
+            "Limit minus spent minus reserved (absent when unlimited)",
+            labels,
+            registry=registry,
+        )
+        self.limit = Gauge(
+            "cost_router_budget_limit_usd", "Limit of the current period", labels, registry=registry
+        )
 
     def observe(self, team: str, statuses: list[ScopeStatus]) -> None:
         for st in statuses:

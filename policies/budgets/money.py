@@ -9,7 +9,8 @@ from backends.config import NANOS_PER_USD
 
 # The largest amount one value may carry (about $9M): Redis's Lua numbers are doubles, exact up to
 # 2**53, and its counters are 64-bit, so even ~1000 such reservations at once cannot overflow.
-# Request validation (router/schemas.py) keeps real worst cases far below; this is the backstop.
+# Request validation (router/http/schemas.py) keeps real worst cases far below; this is the
+# backstop.
 MAX_NANOS = 2**53
 
 

@@ -43,8 +43,9 @@ class RedisClusterBudgetStore(RedisBudgetStore):
         self._nodes: dict[tuple[str, int], aioredis.Redis] = {}
 
     def _connect(self, cfg: BudgetsConfig) -> Any:
-        return RedisCluster.from_url(cfg.redis_url, require_full_coverage=True,
-                                     **connection_options(cfg))
+        return RedisCluster.from_url(
+            cfg.redis_url, require_full_coverage=True, **connection_options(cfg)
+        )
 
     def _node_client(self, key: str) -> Any:
         node = self.redis.get_node_from_key(key)
@@ -54,8 +55,9 @@ class RedisClusterBudgetStore(RedisBudgetStore):
             parts = urlsplit(self.cfg.redis_url)
             userinfo, at, _ = parts.netloc.rpartition("@")
             url = urlunsplit(parts._replace(netloc=f"{userinfo}{at}{node.host}:{node.port}"))
-            client = aioredis.Redis.from_url(url, **{**connection_options(self.cfg),
-                                                     "max_connections": 64})
+            client = aioredis.Redis.from_url(
+                url, **{**connection_options(self.cfg), "max_connections": 64}
+            )
             self._nodes[(node.host, node.port)] = client
         return client
 
@@ -74,8 +76,13 @@ class RedisClusterBudgetStore(RedisBudgetStore):
             # through the cluster client, which follows the redirection and refreshes its slot
             # map (both scripts are idempotent by request id); that run is not WAITed, so it
             # counts as not replicated and the next try WAITs on the new master.
-            log.warning("%s of %s: node of the team's slot answered %s; retrying through the "
-                        "cluster client", name, args[0], type(exc).__name__)
+            log.warning(
+                "%s of %s: node of the team's slot answered %s; retrying through the "
+                "cluster client",
+                name,
+                args[0],
+                type(exc).__name__,
+            )
             await self._scripts[name](keys=keys, args=args)
             self.unreplicated += 1
             raise NotReplicated(f"{name} of {args[0]} ran on a new master unconfirmed") from exc
@@ -89,7 +96,8 @@ class RedisClusterBudgetStore(RedisBudgetStore):
             slots_ok = int(info.get("cluster_slots_ok", 0))
             if state != "ok" or slots_ok != SLOTS:
                 raise BudgetUnavailable(
-                    f"cluster_state {state}, {slots_ok} of {SLOTS} slots served")
+                    f"cluster_state {state}, {slots_ok} of {SLOTS} slots served"
+                )
             await self.redis.ping(target_nodes=RedisCluster.PRIMARIES)
         except BudgetUnavailable as exc:
             log.warning("budget store not ready: %s", exc)

@@ -63,8 +63,16 @@ log = logging.getLogger("cost_router.budgets.redis")
 # Cluster that is down or mid-failover (CLUSTERDOWN, TRYAGAIN, a slot no live master serves, a
 # READONLY replica that was a master, a MOVED/ASK the cluster client gave up on, or that a plain
 # client got from a cluster node): for a request, the same as an unreachable Redis.
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, ClusterError,
-               RedisClusterException, TryAgainError, ReadOnlyError, AskError)
+UNREACHABLE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    ClusterError,
+    RedisClusterException,
+    TryAgainError,
+    ReadOnlyError,
+    AskError,
+)
 SCRIPTS = ("reserve", "settle", "release", "sweep", "status", "reset", "renew")
 # Writes that WAIT for budgets.redis_wait_replicas: a lost one is a lost hold or charge.
 DURABLE = frozenset({"reserve", "settle"})
@@ -165,7 +173,8 @@ class RedisBudgetStore(BudgetStore):
             self.unreplicated += 1
             raise NotReplicated(
                 f"{name} of {args[0]} reached {int(acked)} of {self.cfg.redis_wait_replicas} "
-                f"replica(s) within {self.cfg.redis_wait_timeout_ms} ms")
+                f"replica(s) within {self.cfg.redis_wait_timeout_ms} ms"
+            )
         return reply
 
     # --- request path -----------------------------------------------------------------------
@@ -192,8 +201,9 @@ class RedisBudgetStore(BudgetStore):
         except UNREACHABLE as exc:
             if isinstance(exc, NotReplicated):  # a hold a failover could lose is not used
                 with contextlib.suppress(*UNREACHABLE):  # else the lease frees it
-                    await self._eval("release", [k.reserved, k.res, k.lease, k.rate(minute)],
-                                     [request_id])
+                    await self._eval(
+                        "release", [k.reserved, k.res, k.lease, k.rate(minute)], [request_id]
+                    )
             return self._unreachable_reserve(scope, request_id, amount, tokens, minute, exc)
         status = _s(reply[0])
         if status == "exceeded":
@@ -202,14 +212,16 @@ class RedisBudgetStore(BudgetStore):
             if len(reply) == 8:  # a spend refusal: what the limit met (reserve.lua)
                 cap, spent, held = (int(_s(v)) for v in reply[4:7])
                 standing = SpendStanding(_s(reply[7]), cap, spent, held, amount)
-            raise BudgetExceeded(scope.label(name), reason, None if retry < 0 else retry,
-                                 standing=standing)
+            raise BudgetExceeded(
+                scope.label(name), reason, None if retry < 0 else retry, standing=standing
+            )
         if status == "settled":
             raise ValueError(f"request id {request_id!r} was already settled")
         if status == "held":
             rec = orjson.loads(reply[1])
-            res = Reservation(request_id, scope.team, scope.key_id, int(rec["a"]), int(rec["t"]),
-                              rec["p"], minute)
+            res = Reservation(
+                request_id, scope.team, scope.key_id, int(rec["a"]), int(rec["t"]), rec["p"], minute
+            )
         else:
             periods = {_s(reply[i]): _s(reply[i + 1]) for i in range(2, len(reply), 5)}
             res = Reservation(request_id, scope.team, scope.key_id, amount, tokens, periods, minute)
@@ -217,20 +229,34 @@ class RedisBudgetStore(BudgetStore):
         return res
 
     def _unreachable_reserve(
-        self, scope: BudgetScope, request_id: str, amount: int, tokens: int, minute: int,
+        self,
+        scope: BudgetScope,
+        request_id: str,
+        amount: int,
+        tokens: int,
+        minute: int,
         exc: BaseException,
     ) -> Reservation:
         if not self.fail_open:
-            log.error("budget store unreachable, refusing request %s (fail_mode closed): %s",
-                      request_id, exc)
+            log.error(
+                "budget store unreachable, refusing request %s (fail_mode closed): %s",
+                request_id,
+                exc,
+            )
             raise BudgetUnavailable("budget store unreachable") from None
-        log.warning("budget store unreachable, admitting request %s unchecked (fail_mode open): %s",
-                    request_id, exc)
+        log.warning(
+            "budget store unreachable, admitting request %s unchecked (fail_mode open): %s",
+            request_id,
+            exc,
+        )
         wins = self.windows(self.clock())
-        periods = {name: wins[limit.period if limit else "total"].id
-                   for name, limit in scope.scope_limits()}
-        res = Reservation(request_id, scope.team, scope.key_id, amount, tokens, periods, minute,
-                          degraded=True)
+        periods = {
+            name: wins[limit.period if limit else "total"].id
+            for name, limit in scope.scope_limits()
+        }
+        res = Reservation(
+            request_id, scope.team, scope.key_id, amount, tokens, periods, minute, degraded=True
+        )
         self._local[request_id] = res
         return res
 
@@ -242,9 +268,16 @@ class RedisBudgetStore(BudgetStore):
         if res is None:
             raise KeyError(f"unknown reservation {request_id!r}")
         charge = capped_charge(usd_to_nanos(actual_usd), tokens, res)
-        entry = {"rid": request_id, "team": res.team, "key": res.key_id or "",
-                 "nanos": charge.nanos, "overage": charge.overage_nanos, "tokens": charge.tokens,
-                 "periods": res.periods, "minute": res.minute}
+        entry = {
+            "rid": request_id,
+            "team": res.team,
+            "key": res.key_id or "",
+            "nanos": charge.nanos,
+            "overage": charge.overage_nanos,
+            "tokens": charge.tokens,
+            "periods": res.periods,
+            "minute": res.minute,
+        }
         if res.degraded:
             return self._defer(entry, "admitted while the store was down")
         try:
@@ -258,8 +291,12 @@ class RedisBudgetStore(BudgetStore):
         return out
 
     def _defer(self, entry: dict[str, Any], why: str) -> Settlement:
-        log.warning("journaling charge of %s (%d nanos) to apply later: %s",
-                    entry["rid"], entry["nanos"], why)
+        log.warning(
+            "journaling charge of %s (%d nanos) to apply later: %s",
+            entry["rid"],
+            entry["nanos"],
+            why,
+        )
         self.journal.add(entry)
         self._local.pop(entry["rid"], None)
         return Settlement(entry["rid"], entry["nanos"], deferred=True)
@@ -267,12 +304,27 @@ class RedisBudgetStore(BudgetStore):
     async def _apply(self, entry: dict[str, Any]) -> Settlement:
         k = self.keys(entry["team"])
         rid = entry["rid"]
-        args: list[Any] = [rid, entry["nanos"], entry["tokens"], DONE_TTL_S, entry["team"],
-                           entry["key"], entry.get("overage", 0), len(entry["periods"])]
+        args: list[Any] = [
+            rid,
+            entry["nanos"],
+            entry["tokens"],
+            DONE_TTL_S,
+            entry["team"],
+            entry["key"],
+            entry.get("overage", 0),
+            len(entry["periods"]),
+        ]
         for name, pid in entry["periods"].items():
             args += [name, pid]
-        keys = [k.spend, k.reserved, k.res, k.lease, k.ledger, k.done(entry["minute"]),
-                k.rate(entry["minute"])]
+        keys = [
+            k.spend,
+            k.reserved,
+            k.res,
+            k.lease,
+            k.ledger,
+            k.done(entry["minute"]),
+            k.rate(entry["minute"]),
+        ]
         reply = await self._eval("settle", keys, args)
         if _s(reply[0]) == "dup":
             return Settlement(rid, int(_s(reply[1])), duplicate=True)
@@ -286,8 +338,9 @@ class RedisBudgetStore(BudgetStore):
             return
         k = self.keys(res.team)
         try:
-            await self._eval("release", [k.reserved, k.res, k.lease, k.rate(res.minute)],
-                             [request_id])
+            await self._eval(
+                "release", [k.reserved, k.res, k.lease, k.rate(res.minute)], [request_id]
+            )
         except UNREACHABLE as exc:
             # Nothing is owed; the lease frees the hold when it expires.
             log.warning("could not release %s (lease will reclaim it): %s", request_id, exc)
@@ -314,24 +367,37 @@ class RedisBudgetStore(BudgetStore):
         scopes = scope.scope_limits()
         args = [len(PERIODS), *(wins[p].id for p in PERIODS), *(n for n, _ in scopes)]
         try:
-            reply = await self._eval("status", [k.spend, k.reserved, k.res, k.lease, k.limits],
-                                     args)
+            reply = await self._eval(
+                "status", [k.spend, k.reserved, k.res, k.lease, k.limits], args
+            )
         except UNREACHABLE:
             raise BudgetUnavailable("budget store unreachable") from None
         out = []
         for i, (name, configured) in enumerate(scopes):
             width = len(PERIODS) + 2  # override, spent per period, reserved
-            override, *spent_by_period, reserved = (_s(v)
-                                                    for v in reply[width * i: width * (i + 1)])
+            override, *spent_by_period, reserved = (
+                _s(v) for v in reply[width * i : width * (i + 1)]
+            )
             limit = decode_limit(override) if override else configured
             period = limit.period if limit else "total"
             spent = dict(zip(PERIODS, spent_by_period, strict=True))[period]
             win = wins[period]
-            out.append(ScopeStatus(
-                name, period, win.id,
-                None if limit is None or limit.limit_usd is None else usd_to_nanos(limit.limit_usd),
-                int(spent), int(reserved), win.end, win.elapsed_fraction(now),
-                limit.rpm if limit else None, limit.tpm if limit else None))
+            out.append(
+                ScopeStatus(
+                    name,
+                    period,
+                    win.id,
+                    None
+                    if limit is None or limit.limit_usd is None
+                    else usd_to_nanos(limit.limit_usd),
+                    int(spent),
+                    int(reserved),
+                    win.end,
+                    win.elapsed_fraction(now),
+                    limit.rpm if limit else None,
+                    limit.tpm if limit else None,
+                )
+            )
         return out
 
     async def set_limit(self, team: str, key_id: str | None, limit: BudgetLimit | None) -> None:
@@ -346,8 +412,9 @@ class RedisBudgetStore(BudgetStore):
         k = self.keys(team)
         wins = self.windows(self.clock())
         name = scope_name(key_id)
-        wiped = await self._eval("reset", [k.spend, k.ledger],
-                                 [name, team, key_id or "", *(wins[p].id for p in PERIODS)])
+        wiped = await self._eval(
+            "reset", [k.spend, k.ledger], [name, team, key_id or "", *(wins[p].id for p in PERIODS)]
+        )
         return int(_s(wiped))
 
     async def ledger(self, team: str) -> list[LedgerEntry]:
@@ -361,10 +428,18 @@ class RedisBudgetStore(BudgetStore):
                 return out
             for entry_id, fields in batch:
                 f = {_s(a): _s(b) for a, b in fields.items()}
-                out.append(LedgerEntry(f["rid"], f["team"], f["key"] or None, int(f["nanos"]),
-                                       f["kind"], parse_pairs(f["periods"]),
-                                       int(_s(entry_id).split("-")[0]) / 1000,
-                                       int(f.get("overage") or 0)))
+                out.append(
+                    LedgerEntry(
+                        f["rid"],
+                        f["team"],
+                        f["key"] or None,
+                        int(f["nanos"]),
+                        f["kind"],
+                        parse_pairs(f["periods"]),
+                        int(_s(entry_id).split("-")[0]) / 1000,
+                        int(f.get("overage") or 0),
+                    )
+                )
             last = _s(batch[-1][0])
 
     async def spend(self, team: str) -> dict[tuple[str, str], int]:
@@ -400,16 +475,22 @@ class RedisBudgetStore(BudgetStore):
                 by_team.setdefault(res.team, []).append(rid)
         renewed = 0
         for team, rids in by_team.items():
-            renewed += int(await self._eval(
-                "renew", [self.keys(team).lease], [int(self.lease_s * 1000), *rids]))
+            renewed += int(
+                await self._eval(
+                    "renew", [self.keys(team).lease], [int(self.lease_s * 1000), *rids]
+                )
+            )
         return renewed
 
     async def ping(self) -> bool:
         try:
             if int((await self.redis.info("cluster")).get("cluster_enabled", 0)):
                 # Every team whose slot is on another node would get MOVED: not ready.
-                log.error("budgets.store is redis but %s is a Redis Cluster node: use "
-                          "budgets.store: redis-cluster", self.cfg.redis_url)
+                log.error(
+                    "budgets.store is redis but %s is a Redis Cluster node: use "
+                    "budgets.store: redis-cluster",
+                    self.cfg.redis_url,
+                )
                 return False
             return bool(await self.redis.ping())
         except UNREACHABLE:

@@ -40,10 +40,19 @@ class BudgetError(Exception):
 class BudgetExceeded(BudgetError):
     """The reservation does not fit: HTTP 429 `budget_exceeded` (or `rate_limited` for rpm/tpm)."""
 
-    def __init__(self, scope: str, reason: str, retry_after_s: float | None, *,
-                 standing: SpendStanding | None = None) -> None:  # fmt: skip
-        what = {"budget": "spend limit", "rpm": "requests-per-minute limit",
-                "tpm": "tokens-per-minute limit"}.get(reason, reason)
+    def __init__(
+        self,
+        scope: str,
+        reason: str,
+        retry_after_s: float | None,
+        *,
+        standing: SpendStanding | None = None,
+    ) -> None:
+        what = {
+            "budget": "spend limit",
+            "rpm": "requests-per-minute limit",
+            "tpm": "tokens-per-minute limit",
+        }.get(reason, reason)
         super().__init__(f"{scope}: {what} reached")
         self.scope = scope
         self.reason = reason
@@ -54,7 +63,7 @@ class BudgetExceeded(BudgetError):
 @dataclass(frozen=True, slots=True)
 class SpendStanding:
     """What a refused reservation met: the scope's limit, spent and reserved, and the amount
-    asked for, so the refusal can say whether waiting helps (router/budget_gate.py)."""
+    asked for, so the refusal can say whether waiting helps (router/proxy/budget_gate.py)."""
 
     period: str
     limit_nanos: int
@@ -119,8 +128,9 @@ def capped_charge(actual_nanos: int, tokens: int, reservation: Reservation) -> C
     Tokens (for tpm) are bounded the same way."""
     actual = max(0, actual_nanos)
     cap = max(0, reservation.amount_nanos)
-    return Charge(min(actual, cap), max(0, actual - cap),
-                  min(max(0, tokens), max(0, reservation.tokens)))
+    return Charge(
+        min(actual, cap), max(0, actual - cap), min(max(0, tokens), max(0, reservation.tokens))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +156,9 @@ class ScopeStatus:
 
     def as_view(self) -> BudgetView:
         limit = None if self.limit_nanos is None else nanos_to_usd(self.limit_nanos)
-        return BudgetView(limit, nanos_to_usd(self.spent_nanos),
-                          nanos_to_usd(self.reserved_nanos), self.elapsed)
+        return BudgetView(
+            limit, nanos_to_usd(self.spent_nanos), nanos_to_usd(self.reserved_nanos), self.elapsed
+        )
 
     def to_json(self) -> dict[str, Any]:
         remaining = self.remaining_nanos

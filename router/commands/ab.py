@@ -47,10 +47,18 @@ def report(
         raise fail(f"--out must end in .png or .html, not {out.name!r}")
     cfg = load_config_or_exit(config) if config else None
     try:
-        weights, priciest, unit = (_from_config(cfg, experiment, config) if cfg
-                                   else (None, None, None))
-        rep = report_from_files(traces, experiment, feedback, large_tier=large_tier or priciest,
-                                control=control, weights=weights, unit=unit)
+        weights, priciest, unit = (
+            _from_config(cfg, experiment, config) if cfg else (None, None, None)
+        )
+        rep = report_from_files(
+            traces,
+            experiment,
+            feedback,
+            large_tier=large_tier or priciest,
+            control=control,
+            weights=weights,
+            unit=unit,
+        )
     except ReportError as exc:  # traces, feedback, arms or names that cannot be used
         raise fail(str(exc)) from None
     typer.echo(format_table(rep))
@@ -60,8 +68,9 @@ def report(
         write_chart(rep, out)
         typer.echo(f"\nchart written to {out}")
     if json_out is not None:
-        json_out.write_bytes(orjson.dumps(to_dict(rep), option=orjson.OPT_INDENT_2 |
-                                          orjson.OPT_SERIALIZE_NUMPY))
+        json_out.write_bytes(
+            orjson.dumps(to_dict(rep), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+        )
 
 
 def _experiment(cfg: RouterConfig, name: str) -> ExperimentConfig | None:

@@ -29,7 +29,7 @@ def _load(path: Path | None) -> RouterConfig:
     if path is None:
         # Imported here, like the process and polling modules below: they bring httpx, which
         # only these commands need (this module is imported for every `cost-router` command).
-        from router.demo import DEMO_PORT, DEMO_TIER_PORTS, demo_config
+        from router.server.demo import DEMO_PORT, DEMO_TIER_PORTS, demo_config
 
         # The ports `cost-router serve` gives the demo (unless run with --port 0).
         return demo_config(*DEMO_TIER_PORTS, host="127.0.0.1", port=DEMO_PORT)

@@ -23,20 +23,29 @@ from policies.budgets.factory import SHARED_KINDS, build_stores, check_store_kin
 from policies.budgets.money import nanos_to_usd
 from policies.budgets.periods import PERIODS
 from policies.budgets.scopes import ScopeLimits
-from policies.config import AuthConfig, BudgetLimit, BudgetsConfig, ConfigError, KeyConfig
+from policies.config import AuthConfig, BudgetLimit, BudgetsConfig, KeyConfig
 from policies.keys import KeyRing
 from router.commands.common import fail, load_config_or_exit
 from router.config import section_from_env
+from trace_format.config_base import ConfigError
 
 keys_app = typer.Typer(no_args_is_help=True)
 budget_app = typer.Typer(no_args_is_help=True)
 
 T = TypeVar("T")
 
-ConfigOpt = typer.Option(None, "--config", "-c", envvar="COST_ROUTER_CONFIG",
-                         help="router config file (its budgets section names the Redis)")
-RedisOpt = typer.Option(None, "--redis-url", help="override budgets.redis_url (with store "
-                        "redis-cluster: any node of the cluster)")
+ConfigOpt = typer.Option(
+    None,
+    "--config",
+    "-c",
+    envvar="COST_ROUTER_CONFIG",
+    help="router config file (its budgets section names the Redis)",
+)
+RedisOpt = typer.Option(
+    None,
+    "--redis-url",
+    help="override budgets.redis_url (with store redis-cluster: any node of the cluster)",
+)
 JsonOpt = typer.Option(False, "--json", help="print JSON instead of a table")
 
 
@@ -62,8 +71,9 @@ def _default_budgets() -> BudgetsConfig:
 def _sections(config: Path | None, redis_url: str | None) -> _Sections:
     if config is not None:
         cfg = load_config_or_exit(config)
-        sections = _Sections(cfg.budgets, ScopeLimits(cfg.teams, cfg.keys), list(cfg.keys),
-                             cfg.auth)
+        sections = _Sections(
+            cfg.budgets, ScopeLimits(cfg.teams, cfg.keys), list(cfg.keys), cfg.auth
+        )
     else:
         sections = _Sections(_default_budgets(), ScopeLimits({}, []), [], AuthConfig())
     budgets = sections.budgets
@@ -72,20 +82,22 @@ def _sections(config: Path | None, redis_url: str | None) -> _Sections:
         store = budgets.store if budgets.store in SHARED_KINDS else "redis"
         try:
             budgets = BudgetsConfig.model_validate(
-                {**budgets.model_dump(), "store": store, "redis_url": redis_url})
+                {**budgets.model_dump(), "store": store, "redis_url": redis_url}
+            )
         except ValidationError as exc:
             raise fail(f"--redis-url: {exc.errors()[0]['msg']}") from None
     if budgets.store not in SHARED_KINDS:
-        raise fail(f"budgets.store is {budgets.store!r}: keys and budgets live inside the proxy "
-                   "process and cannot be managed from here. Use budgets.store: redis or "
-                   "redis-cluster (or --redis-url), or put keys in the config file "
-                   "(keys: [{key_sha256, team}]).")
+        raise fail(
+            f"budgets.store is {budgets.store!r}: keys and budgets live inside the proxy "
+            "process and cannot be managed from here. Use budgets.store: redis or "
+            "redis-cluster (or --redis-url), or put keys in the config file "
+            "(keys: [{key_sha256, team}])."
+        )
     # Never the journal: it belongs to the proxy replicas (a CLI would adopt their files).
     return replace(sections, budgets=budgets.model_copy(update={"journal_path": None}))
 
 
-def _run(config: Path | None, redis_url: str | None,
-         action: Callable[[Admin], Awaitable[T]]) -> T:
+def _run(config: Path | None, redis_url: str | None, action: Callable[[Admin], Awaitable[T]]) -> T:
     """Build the stores and key ring, run one action of policies/admin.py (the one the admin
     API runs too), close. A key id that no key matches
     is bad input (exit 2); Redis out of reach exits 1."""
@@ -96,8 +108,13 @@ def _run(config: Path | None, redis_url: str | None,
 
     async def main() -> T:
         store, key_store = build_stores(sections.budgets)
-        ring = KeyRing(sections.keys, sections.auth, key_store, sections.budgets.key_cache_s,
-                       sections.budgets.key_outage_grace_s)
+        ring = KeyRing(
+            sections.keys,
+            sections.auth,
+            key_store,
+            sections.budgets.key_cache_s,
+            sections.budgets.key_outage_grace_s,
+        )
         try:
             return await action(Admin(store, ring, sections.limits))
         finally:
@@ -158,13 +175,21 @@ def _check_team(team: str, config: Path | None, allow_unlisted: bool) -> None:
         return
     unlimited = f"a key of team {team!r} would have no spend limit"
     if not allow_unlisted:
-        where = (f"{config} lists no team {team!r} (teams: {', '.join(known) or 'none'})"
-                 if config is not None else "no config file (-c) lists the teams")
-        raise fail(f"{where}, so {unlimited}: add it under `teams:` (e.g. teams: {{{team}: "
-                   "{budget: {limit_usd: 100, period: monthly}}}), or pass "
-                   "--allow-unlisted-team to create an unlimited key")  # fmt: skip
-    typer.echo(f"warning: {unlimited.replace('would have', 'has')} (team {team!r} is not "
-               "in the config's teams)", err=True)  # fmt: skip
+        where = (
+            f"{config} lists no team {team!r} (teams: {', '.join(known) or 'none'})"
+            if config is not None
+            else "no config file (-c) lists the teams"
+        )
+        raise fail(
+            f"{where}, so {unlimited}: add it under `teams:` (e.g. teams: {{{team}: "
+            "{budget: {limit_usd: 100, period: monthly}}}), or pass "
+            "--allow-unlisted-team to create an unlimited key"
+        )
+    typer.echo(
+        f"warning: {unlimited.replace('would have', 'has')} (team {team!r} is not "
+        "in the config's teams)",
+        err=True,
+    )
 
 
 @keys_app.command("create")
@@ -173,7 +198,8 @@ def keys_create(
     user: str | None = typer.Option(None, "--user", help="optional user the key belongs to"),
     name: str | None = typer.Option(None, "--name", help="label shown by `keys list`"),
     allow_unlisted_team: bool = typer.Option(
-        False, "--allow-unlisted-team",
+        False,
+        "--allow-unlisted-team",
         help="create the key even if the config lists no such team: it has no spend limit",
     ),
     config: Path | None = ConfigOpt,
@@ -183,8 +209,9 @@ def keys_create(
     _check_team(team, config, allow_unlisted_team)
     raw, record = _run(config, redis_url, lambda d: d.create_key(team, user, name))
     typer.echo(raw)
-    typer.echo(f"key id {record.key_id}, team {team}" + (f", user {user}" if user else ""),
-               err=True)
+    typer.echo(
+        f"key id {record.key_id}, team {team}" + (f", user {user}" if user else ""), err=True
+    )
 
 
 @keys_app.command("revoke")
@@ -209,9 +236,21 @@ def keys_list(
         for r in records:
             typer.echo(orjson.dumps(key_json(r)).decode())
         return
-    _table(["key id", "team", "user", "name", "source", "created", "revoked"],
-           [[r.key_id, r.team, r.user or "-", r.name or "-", r.source,
-             _when(r.created or None), _when(r.revoked)] for r in records])
+    _table(
+        ["key id", "team", "user", "name", "source", "created", "revoked"],
+        [
+            [
+                r.key_id,
+                r.team,
+                r.user or "-",
+                r.name or "-",
+                r.source,
+                _when(r.created or None),
+                _when(r.revoked),
+            ]
+            for r in records
+        ],
+    )
 
 
 # --- budget ---------------------------------------------------------------------------------
@@ -230,10 +269,21 @@ def budget_show(
         for row in rows:
             typer.echo(orjson.dumps(row).decode())
         return
-    _table(["team", "period", "limit", "spent", "reserved", "remaining", "resets"],
-           [[r["team"], r["period_id"], _usd(r["limit_usd"]), _usd(r["spent_usd"]),
-             _usd(r["reserved_usd"]), _usd(r["remaining_usd"]), _when(r["resets_at"])]
-            for r in rows])
+    _table(
+        ["team", "period", "limit", "spent", "reserved", "remaining", "resets"],
+        [
+            [
+                r["team"],
+                r["period_id"],
+                _usd(r["limit_usd"]),
+                _usd(r["spent_usd"]),
+                _usd(r["reserved_usd"]),
+                _usd(r["remaining_usd"]),
+                _when(r["resets_at"]),
+            ]
+            for r in rows
+        ],
+    )
 
 
 @budget_app.command("set")
@@ -254,8 +304,7 @@ def budget_set(
         if limit_usd is None and rpm is None and tpm is None:
             raise fail("give --limit-usd, --rpm or --tpm (or --clear)")
         if period not in PERIODS:
-            raise fail(f"--period {period!r}: not a budget period; use one of "
-                       f"{', '.join(PERIODS)}")  # fmt: skip
+            raise fail(f"--period {period!r}: not a budget period; use one of {', '.join(PERIODS)}")
         try:
             limit = BudgetLimit(limit_usd=limit_usd, period=period, rpm=rpm, tpm=tpm)  # type: ignore[arg-type]
         except ValidationError as exc:
@@ -263,9 +312,14 @@ def budget_set(
 
     _run(config, redis_url, lambda d: d.set_limit(team, key, limit))
     what = f"key {key} of team {team}" if key else f"team {team}"
-    typer.echo(f"{what}: " + ("override cleared" if limit is None else
-                              f"limit {_usd(limit_usd)} {period}, rpm {rpm or '-'}, "
-                              f"tpm {tpm or '-'}"))
+    typer.echo(
+        f"{what}: "
+        + (
+            "override cleared"
+            if limit is None
+            else f"limit {_usd(limit_usd)} {period}, rpm {rpm or '-'}, tpm {tpm or '-'}"
+        )
+    )
 
 
 @budget_app.command("reset")
@@ -298,14 +352,26 @@ def budget_ledger(
             typer.echo(orjson.dumps(ledger_json(e)).decode())
         return
     # Overage: cost past the reservation, recorded and never charged (docs/budgets.md).
-    _table(["time", "request id", "key", "kind", "usd", "overage usd"],
-           [[_when(e.time), e.request_id, e.key_id or "-", e.kind, f"{nanos_to_usd(e.nanos):.9f}",
-             f"{nanos_to_usd(e.overage_nanos):.9f}" if e.overage_nanos else "-"]
-            for e in entries])
+    _table(
+        ["time", "request id", "key", "kind", "usd", "overage usd"],
+        [
+            [
+                _when(e.time),
+                e.request_id,
+                e.key_id or "-",
+                e.kind,
+                f"{nanos_to_usd(e.nanos):.9f}",
+                f"{nanos_to_usd(e.overage_nanos):.9f}" if e.overage_nanos else "-",
+            ]
+            for e in entries
+        ],
+    )
     over = sum(e.overage_nanos for e in entries)
     over_note = f"; overage not charged {_usd(nanos_to_usd(over))}" if over else ""
-    typer.echo(f"{len(entries)} entries, total {_usd(nanos_to_usd(sum(e.nanos for e in entries)))}"
-               f"{over_note}")
+    typer.echo(
+        f"{len(entries)} entries, total {_usd(nanos_to_usd(sum(e.nanos for e in entries)))}"
+        f"{over_note}"
+    )
 
 
 @budget_app.command("audit")
@@ -316,9 +382,17 @@ def budget_audit(
 ) -> None:
     """Rebuild spend from the ledger and compare it with the stored spend; exit 1 on a mismatch."""
     audited = _run(config, redis_url, lambda d: d.audit(team))
-    rows = [[r.team, r.scope, r.period_id, f"{nanos_to_usd(r.stored_nanos):.9f}",
-             f"{nanos_to_usd(r.ledger_nanos):.9f}", "ok" if r.ok else "MISMATCH"]
-            for r in audited]
+    rows = [
+        [
+            r.team,
+            r.scope,
+            r.period_id,
+            f"{nanos_to_usd(r.stored_nanos):.9f}",
+            f"{nanos_to_usd(r.ledger_nanos):.9f}",
+            "ok" if r.ok else "MISMATCH",
+        ]
+        for r in audited
+    ]
     _table(["team", "scope", "period", "stored usd", "ledger usd", ""], rows)
     if any(r[-1] != "ok" for r in rows):
         # Exit 1, not 2: the audit ran and its answer is no.

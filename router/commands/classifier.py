@@ -29,7 +29,7 @@ from classifiers.dataset import (
 from classifiers.evaluate import report
 from classifiers.labels import known
 from router.commands.common import fail
-from router.evaluation.judges.feedback import append_feedback_labels
+from router.learning.judges.feedback import append_feedback_labels
 from trace_format.feedback import FEEDBACK_FILE
 from trace_format.labels import labels_path_for
 
@@ -92,11 +92,13 @@ def train_cmd(
     margin: float = typer.Option(0.0, help="large must beat small by more than this (graded)"),
     include_contaminated: bool = typer.Option(False, help="keep RouteLLM-contaminated prompts"),
     feedback_labels: bool = typer.Option(
-        True, "--feedback-labels/--no-feedback-labels",
+        True,
+        "--feedback-labels/--no-feedback-labels",
         help="first write users' feedback beside the traces as labels (judge 'feedback')",
     ),
     report_kind: str | None = typer.Option(
-        None, "--report",
+        None,
+        "--report",
         help="loso: also report leave-one-source-out APGR per training recipe on DATA "
         "(classifiers/loso.py; one fit per recipe and held-out source)",
     ),
@@ -104,7 +106,8 @@ def train_cmd(
         None, "--loso-max-train-rows", min=2, help="--report loso: fit on at most this many rows"
     ),
     loso_recipes: list[str] | None = typer.Option(
-        None, "--loso-recipe",
+        None,
+        "--loso-recipe",
         help="--report loso: only these recipes (repeat; default: all, classifiers/loso.py)",
     ),
 ) -> None:
@@ -128,8 +131,11 @@ def train_cmd(
     if report_kind not in (None, "loso"):
         raise fail(f"--report: expected 'loso', got {report_kind!r}")
     options = TrainOptions(
-        config=TrainConfig(seed=seed, margin=margin), own_weight=own_weight, folds=folds,
-        rounds=rounds, current_model=current,
+        config=TrainConfig(seed=seed, margin=margin),
+        own_weight=own_weight,
+        folds=folds,
+        rounds=rounds,
+        current_model=current,
     )
     # Phases: loading, each out-of-fold fold, scoring with the current model, the final fit,
     # the export; the fit's own sub-steps only relabel the bar.
@@ -148,11 +154,14 @@ def train_cmd(
 
             unknown = [r for r in loso_recipes or [] if r not in RECIPES]
             if unknown:
-                raise fail(f"--loso-recipe: unknown {', '.join(unknown)} (known: "
-                           f"{', '.join(RECIPES)})")  # fmt: skip
+                raise fail(
+                    f"--loso-recipe: unknown {', '.join(unknown)} (known: {', '.join(RECIPES)})"
+                )
             if not holdouts(own if base is None else concat(own, base)):
-                raise fail("--report loso: leave-one-source-out needs 2+ benchmarks, or one "
-                           "of 4+ sources, in DATA")  # fmt: skip
+                raise fail(
+                    "--report loso: leave-one-source-out needs 2+ benchmarks, or one "
+                    "of 4+ sources, in DATA"
+                )
         try:
             report = train_model(own, out, options, base, data, update)
         except ValueError as exc:
@@ -171,12 +180,22 @@ def train_cmd(
         written += [str(report.oof_file), str(reference_path_for(out))]
     typer.echo(f"wrote {out} ({report.metadata['onnx_bytes']} bytes), {', '.join(written)}")
     if report_kind == "loso":
-        _loso(own if base is None else concat(own, base), options.config, rounds, max_train_rows,
-              loso_recipes or [])
+        _loso(
+            own if base is None else concat(own, base),
+            options.config,
+            rounds,
+            max_train_rows,
+            loso_recipes or [],
+        )
 
 
-def _loso(dataset: RoutingDataset, config: TrainConfig, rounds: int,
-          max_train_rows: int | None, names: list[str]) -> None:  # fmt: skip
+def _loso(
+    dataset: RoutingDataset,
+    config: TrainConfig,
+    rounds: int,
+    max_train_rows: int | None,
+    names: list[str],
+) -> None:
     # scikit-learn: loaded by the training commands only.
     from classifiers.loso import RECIPES, loso_report
     from router.commands.progress import phases
@@ -309,9 +328,7 @@ def _score_stream(
         if not isinstance(record, dict) or not (
             isinstance(record.get("prompt"), str) or isinstance(record.get("messages"), list)
         ):
-            raise fail(
-                f"line {lineno}: expected an object with a 'prompt' string or 'messages'"
-            )
+            raise fail(f"line {lineno}: expected an object with a 'prompt' string or 'messages'")
         record["score"] = scorer.score_request(record, context_turns)
         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
         count += 1

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from router.config import ConfigError, RouterConfig, load_config
+from router.config import RouterConfig, load_config
+from trace_format.config_base import ConfigError
 
 # Exit status of a command that was given bad input (config, data, arguments): 2, as argparse and
 # typer use for usage errors; 1 is left for "ran, and the answer is no" (e.g. a check that failed).

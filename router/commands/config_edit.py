@@ -2,8 +2,8 @@
 
 The edited document is validated as a whole (environment overrides included, on a copy: their
 values never reach the file) before the file is replaced, and it is replaced atomically: written
-beside it, then renamed over it, so a proxy watching the file (router/reload.py) never reads half
-of it. YAML comments are not kept (PyYAML does not keep them).
+beside it, then renamed over it, so a proxy watching the file (router/proxy/reload.py) never reads
+half of it. YAML comments are not kept (PyYAML does not keep them).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from policies.config import ConfigError
 from router.config import RouterConfig, config_from_dict
+from trace_format.config_base import ConfigError
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -7,7 +7,7 @@ while the page is generated. Regenerate docs/configuration.md with
 
     .venv/bin/cost-router config reference --out docs/configuration.md
 
-(tests/router/test_config_reference.py fails while the page is stale).
+(tests/router/commands/test_config_reference.py fails while the page is stale).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pydantic_core import PydanticUndefined
 
 from backends.registry import BACKENDS
 from policies.registry import SPECS
-from router.config import ENV_PREFIX, ConfigError, RouterConfig, config_from_dict
+from router.config import ENV_PREFIX, RouterConfig, config_from_dict
+from trace_format.config_base import ConfigError
 
 DOC_PAGE = Path("docs/configuration.md")
 COMMAND = "cost-router config reference --out docs/configuration.md"
@@ -38,29 +39,55 @@ EXAMPLE: dict[str, Any] = {
     "server": {"host": "0.0.0.0", "port": 8080},
     "classifier": {"model_path": "models/model-20260101T000000Z.onnx", "context_turns": 2},
     "tiers": [
-        {"name": "small", "base_url": "http://gpu-node-1:8001/v1",
-         "model": "Qwen/Qwen2.5-7B-Instruct-AWQ",
-         "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
-         "max_inflight": 256, "fallback": ["large"]},
-        {"name": "large", "base_url": "http://gpu-node-1:8002/v1",
-         "model": "meta-llama/Llama-3.3-70B-Instruct", "api_key_env": "LARGE_API_KEY",
-         "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0},
-         "timeout_s": 120, "max_inflight": 128, "fallback": ["small"],
-         "launch": {"engine": "vllm", "model": "meta-llama/Llama-3.3-70B-Instruct", "port": 8002,
-                    "tensor_parallel_size": 4,
-                    "speculative": {"method": "ngram", "num_speculative_tokens": 5,
-                                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}}},
+        {
+            "name": "small",
+            "base_url": "http://gpu-node-1:8001/v1",
+            "model": "Qwen/Qwen2.5-7B-Instruct-AWQ",
+            "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
+            "max_inflight": 256,
+            "fallback": ["large"],
+        },
+        {
+            "name": "large",
+            "base_url": "http://gpu-node-1:8002/v1",
+            "model": "meta-llama/Llama-3.3-70B-Instruct",
+            "api_key_env": "LARGE_API_KEY",
+            "price": {"input_per_mtok": 10.0, "output_per_mtok": 30.0},
+            "timeout_s": 120,
+            "max_inflight": 128,
+            "fallback": ["small"],
+            "launch": {
+                "engine": "vllm",
+                "model": "meta-llama/Llama-3.3-70B-Instruct",
+                "port": 8002,
+                "tensor_parallel_size": 4,
+                "speculative": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 5,
+                    "prompt_lookup_min": 2,
+                    "prompt_lookup_max": 4,
+                },
+            },
+        },
     ],
     "default_policy": "balanced",
     "policies": {
-        "balanced": {"type": "threshold", "threshold": 0.55,
-                     "load_shed": {"max_waiting": 8, "margin": 0.1}},
+        "balanced": {
+            "type": "threshold",
+            "threshold": 0.55,
+            "load_shed": {"max_waiting": 8, "margin": 0.1},
+        },
         "everything-large": {"type": "fixed", "tier": "large"},
     },
     "experiments": [
-        {"name": "routing-ab", "unit": "user",
-         "arms": {"control": {"policy": "everything-large", "weight": 1},
-                  "treatment": {"policy": "balanced", "weight": 1}}},
+        {
+            "name": "routing-ab",
+            "unit": "user",
+            "arms": {
+                "control": {"policy": "everything-large", "weight": 1},
+                "treatment": {"policy": "balanced", "weight": 1},
+            },
+        },
     ],
     "teams": {"search": {"budget": {"limit_usd": 500, "period": "monthly"}}},
     "keys": [{"key_sha256": "0" * 64, "team": "search", "name": "search-prod"}],
@@ -73,14 +100,14 @@ EXAMPLE: dict[str, Any] = {
 INTRO = f"""# Configuration reference
 
 <!-- Generated from the pydantic models by `{COMMAND}`. Do not edit by hand:
-     tests/router/test_config_reference.py fails when this page is stale. -->
+     tests/router/commands/test_config_reference.py fails when this page is stale. -->
 
 `cost-router serve --config router.yaml` reads one YAML file; `cost-router config check
 router.yaml` validates it and names the offending key. Unknown keys are errors (typos are
 caught). Every key can also be set from the environment: `{ENV_PREFIX}` then the path with `__`
 between keys, e.g. `{ENV_PREFIX}SERVER__PORT=9000`, `{ENV_PREFIX}TIERS__0__BASE_URL=...`; values
 are parsed as YAML scalars (`true`, `8`, `0.5`). Without `--config`, `cost-router serve` runs the
-embedded demo (router/demo.py) and the simulator uses the same defaults.
+embedded demo (router/server/demo.py) and the simulator uses the same defaults.
 
 Keys are written as paths: `tiers[].price.input_per_mtok` is a key of each list item,
 `teams.<name>.budget` a key under a name you choose. *required* means the key has no default.
@@ -129,8 +156,14 @@ def _is_model(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
-SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean",
-           datetime: "date-time (ISO 8601)", type(None): "null"}
+SCALARS = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    datetime: "date-time (ISO 8601)",
+    type(None): "null",
+}
 
 
 def type_name(tp: Any) -> str:
@@ -183,9 +216,15 @@ def default_text(f: FieldInfo) -> str:
     return f"`{_yaml(f.default)}`"
 
 
-CONSTRAINTS = (("ge", ">= {}"), ("gt", "> {}"), ("le", "<= {}"), ("lt", "< {}"),
-               ("min_length", "length >= {}"), ("max_length", "length <= {}"),
-               ("pattern", "matches `{}`"))
+CONSTRAINTS = (
+    ("ge", ">= {}"),
+    ("gt", "> {}"),
+    ("le", "<= {}"),
+    ("lt", "< {}"),
+    ("min_length", "length >= {}"),
+    ("max_length", "length <= {}"),
+    ("pattern", "matches `{}`"),
+)
 
 
 def allowed_text(f: FieldInfo) -> str:
@@ -205,8 +244,9 @@ def model_rows(model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] =
         if name in skip:
             continue
         key = prefix + name
-        rows.append(Row(key, type_name(f.annotation), default_text(f), allowed_text(f),
-                        f.description or ""))
+        rows.append(
+            Row(key, type_name(f.annotation), default_text(f), allowed_text(f), f.description or "")
+        )
         for sub, sep in _submodels(f.annotation):
             rows += model_rows(sub, key + sep)
     return rows
@@ -218,8 +258,11 @@ def _cell(text: str) -> str:
 
 def table(rows: list[Row]) -> str:
     lines = ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
-    lines += [f"| `{_cell(r.key)}` | {_cell(r.type)} | {_cell(r.default)} | {_cell(r.allowed)} | "
-              f"{_cell(r.description)} |" for r in rows]
+    lines += [
+        f"| `{_cell(r.key)}` | {_cell(r.type)} | {_cell(r.default)} | {_cell(r.allowed)} | "
+        f"{_cell(r.description)} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -234,9 +277,12 @@ def _example(section: str) -> str:
 
 
 def _policy_types() -> str:
-    out = ["### Policy types", "",
-           "`policies.<name>.type` picks one of these (policies/registry.py); the other keys of "
-           "the entry are that type's params. Unknown params are errors."]
+    out = [
+        "### Policy types",
+        "",
+        "`policies.<name>.type` picks one of these (policies/registry.py); the other keys of "
+        "the entry are that type's params. Unknown params are errors.",
+    ]
     for name, spec in SPECS.items():
         out += ["", f"#### `type: {name}`", ""]
         if doc := _doc(spec.params):
@@ -247,8 +293,12 @@ def _policy_types() -> str:
 
 def _tier_kinds() -> str:
     kinds = ", ".join(
-        f"`{name}`" + (f" (needs {', '.join(f'`{k}`' for k in kind.required_keys)})"
-                       if kind.required_keys else "")
+        f"`{name}`"
+        + (
+            f" (needs {', '.join(f'`{k}`' for k in kind.required_keys)})"
+            if kind.required_keys
+            else ""
+        )
         for name, kind in BACKENDS.items()
     )
     return f"`tiers[].kind` is one of {kinds} (backends/registry.py)."
@@ -262,8 +312,15 @@ def reference_markdown() -> str:
     for name, f in RouterConfig.model_fields.items():
         nested = list(_submodels(f.annotation))
         if not nested:
-            top_level.append(Row(name, type_name(f.annotation), default_text(f), allowed_text(f),
-                                 f.description or ""))
+            top_level.append(
+                Row(
+                    name,
+                    type_name(f.annotation),
+                    default_text(f),
+                    allowed_text(f),
+                    f.description or "",
+                )
+            )
             continue
         model, sep = nested[0]
         section = [f"## `{name}`", ""]
@@ -271,8 +328,9 @@ def reference_markdown() -> str:
             section += [doc, ""]
         if name == "tiers":
             section += [_tier_kinds(), ""]
-        head = Row(name, type_name(f.annotation), default_text(f), allowed_text(f),
-                   f.description or "")
+        head = Row(
+            name, type_name(f.annotation), default_text(f), allowed_text(f), f.description or ""
+        )
         section += [table([head, *model_rows(model, name + sep)]), ""]
         if name == "policies":
             section += [_policy_types(), ""]
@@ -282,8 +340,9 @@ def reference_markdown() -> str:
             section += ["Example:", "", _example(name), ""]
         parts.append("\n".join(section))
     parts.insert(1, "## Top-level keys\n\n" + table(top_level) + "\n")
-    parts.append("## A whole example\n\n```yaml\n"
-                 + yaml.safe_dump(EXAMPLE, sort_keys=False) + "```\n")
+    parts.append(
+        "## A whole example\n\n```yaml\n" + yaml.safe_dump(EXAMPLE, sort_keys=False) + "```\n"
+    )
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -32,7 +32,9 @@ from router.config import RouterConfig
 drift_app = typer.Typer(no_args_is_help=True)
 
 TRACES = typer.Option(
-    ..., "--traces", "-t",
+    ...,
+    "--traces",
+    "-t",
     help="JSONL trace folder/file, or Parquet dataset (folder, file or URI such as s3://...)",
 )
 CONFIG = typer.Option(None, "--config", "-c", help="router YAML: policy threshold, target, tiers")
@@ -47,8 +49,10 @@ def _policy_params(
     name = policy or cfg.default_policy
     entry = cfg.policies.get(name)
     if entry is None:
-        raise fail(f"--policy: no policy {name!r} in the config "
-                   f"(policies: {', '.join(sorted(cfg.policies)) or 'none'})")
+        raise fail(
+            f"--policy: no policy {name!r} in the config "
+            f"(policies: {', '.join(sorted(cfg.policies)) or 'none'})"
+        )
     return name, {"model_path": entry.model_path, **(entry.model_extra or {})}
 
 
@@ -57,8 +61,9 @@ def _model_path(cfg: RouterConfig | None, params: dict[str, Any]) -> Path:
     return Path(path) if path else DEFAULT_MODEL
 
 
-def _tiers(cfg: RouterConfig | None, params: dict[str, Any], threshold: float | None,
-           policy: str | None) -> Any:
+def _tiers(
+    cfg: RouterConfig | None, params: dict[str, Any], threshold: float | None, policy: str | None
+) -> Any:
     from simulations.drift_sources import Tiers
 
     if cfg is None:
@@ -73,7 +78,9 @@ def _tiers(cfg: RouterConfig | None, params: dict[str, Any], threshold: float | 
 def report(
     traces: str = TRACES,
     reference: Path | None = typer.Option(
-        None, "--reference", "-r",
+        None,
+        "--reference",
+        "-r",
         help="reference scores (.scores.json; default: the config's monitoring.reference, else "
         "<model>.scores.json, else the first window)",
     ),
@@ -84,12 +91,18 @@ def report(
     config: Path | None = CONFIG,
     policy: str | None = POLICY,
     threshold: float | None = typer.Option(
-        None, "--threshold", min=0, max=1,
+        None,
+        "--threshold",
+        min=0,
+        max=1,
         help="threshold in force (default: the policy's, or its target share's on the "
         "reference); decides the tier where the data records none",
     ),
     target: float | None = typer.Option(
-        None, "--target", min=0, max=1,
+        None,
+        "--target",
+        min=0,
+        max=1,
         help="target large share (default: the policy's target_large_share, else the "
         "reference's share at the threshold)",
     ),
@@ -120,8 +133,11 @@ def report(
     cfg = load_config_or_exit(config) if config else None
     name, params = _policy_params(cfg, policy)
     configured = cfg.monitoring.reference if cfg is not None else None
-    ref_path = reference or (Path(configured) if configured else None) or reference_path_for(
-        _model_path(cfg, params))
+    ref_path = (
+        reference
+        or (Path(configured) if configured else None)
+        or reference_path_for(_model_path(cfg, params))
+    )
     ref: ScoreReference | None = None
     if reference is not None or configured or ref_path.exists():
         try:
@@ -134,11 +150,13 @@ def report(
         used = quantile_from_counts(ref.counts, goal)
     if goal is None and used is not None and ref is not None:
         goal = ref.share_at_or_above(used)
-    flags = {"psi_limit": ("--psi-limit", psi_limit),
-             "quality_limit": ("--quality-limit", quality_limit),
-             "min_labels": ("--min-labels", min_labels),
-             "false_alarms_per_30_days": ("--false-alarms-per-30d", false_alarms),
-             "requests_per_hour": ("--requests-per-hour", requests_per_hour)}
+    flags = {
+        "psi_limit": ("--psi-limit", psi_limit),
+        "quality_limit": ("--quality-limit", quality_limit),
+        "min_labels": ("--min-labels", min_labels),
+        "false_alarms_per_30_days": ("--false-alarms-per-30d", false_alarms),
+        "requests_per_hour": ("--requests-per-hour", requests_per_hour),
+    }
     try:
         base = cfg.monitoring.drift.model_dump() if cfg is not None else {}
         limits = DriftLimits(**{**base, **{k: v for k, (_, v) in flags.items() if v is not None}})
@@ -147,8 +165,9 @@ def report(
         flag = flags.get(str(err["loc"][0]), (str(err["loc"][0]), None))[0]
         raise fail(f"{flag}: {err['msg']}") from None
     try:
-        result = build_report(iter_source(traces, _tiers(cfg, params, used, name)), window, ref,
-                              used, goal, limits)
+        result = build_report(
+            iter_source(traces, _tiers(cfg, params, used, name)), window, ref, used, goal, limits
+        )
     except (DriftInputError, ValueError) as exc:
         raise fail(str(exc)) from None
     if not result.windows:
@@ -178,7 +197,8 @@ def reference_cmd(
         None, "--oof", help="out-of-fold scores (`classifier train`'s <model>.oof.jsonl)"
     ),
     data: Path | None = typer.Option(
-        None, "--data",
+        None,
+        "--data",
         help="prompts to score with the model: RouteLLM CSVs or traces with prompts (e.g. the "
         "data a threshold was tuned on)",
     ),
@@ -222,8 +242,7 @@ def reference_cmd(
             if not counts.sum():
                 raise ScoreReferenceError(f"no scores in {traces} to build a reference from")
             ref = ScoreReference(counts=counts, source=traces, model=model.name)
-    except (DatasetError, DriftInputError, ModelLoadError, ScoreReferenceError,
-            ValueError) as exc:
+    except (DatasetError, DriftInputError, ModelLoadError, ScoreReferenceError, ValueError) as exc:
         raise fail(str(exc)) from None
     ref.save(target)
     typer.echo(f"wrote {target}: {ref.n} scores in {ref.bins} bins from {ref.source}")

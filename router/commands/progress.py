@@ -19,9 +19,14 @@ from rich.progress import (
 
 def _bar() -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=Console(stderr=True), transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
     )
 
 

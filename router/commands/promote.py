@@ -13,8 +13,8 @@ policy's threshold to its recorded target, else to keep its large share
 watching proxy never reads half a file), keeps a
 copy of the previous model beside the new one (`<new>.prev.onnx` and its card) and appends the
 promotion to `<config>.promotions.json`, the history `rollback` pops. A running proxy picks the
-change up on its next reload (file watch or SIGHUP; router/state.py loads the model off the event
-loop and in-flight requests finish on the old one).
+change up on its next reload (file watch or SIGHUP; router/proxy/state.py loads the model off the
+event loop and in-flight requests finish on the old one).
 
 `--policy NAME` promotes into one policy only (`policies.NAME.model_path`): a canary that an A/B
 experiment can compare live with the arm on the current model (`cost-router ab report`).
@@ -41,10 +41,10 @@ import typer
 from classifiers.config import DEFAULT_MODEL
 from classifiers.oof import oof_path, read_scores
 from classifiers.score_reference import REFERENCE_SUFFIX
-from policies.config import ConfigError
 from router.commands.common import fail, load_config_or_exit
 from router.commands.config_edit import edit_config, write_atomically
 from router.config import RouterConfig
+from trace_format.config_base import ConfigError
 
 if TYPE_CHECKING:
     from simulations.promotion import Retuned, Verdict
@@ -174,8 +174,9 @@ def _labelled_from_traces(
     trained = read_prompts(new_model)
     keep, new = [], []
     direct = [i for i, rid in enumerate(ids) if rid not in oof]
-    direct_scores = dict(zip(direct, new_scorer.score_texts([trace.texts[i] for i in direct]),
-                             strict=True))  # fmt: skip
+    direct_scores = dict(
+        zip(direct, new_scorer.score_texts([trace.texts[i] for i in direct]), strict=True)
+    )
     in_sample = 0
     for i, rid in enumerate(ids):
         if rid in oof:
@@ -187,22 +188,36 @@ def _labelled_from_traces(
             keep.append(i)
             new.append(direct_scores[i])
     if in_sample:
-        notes.append(f"note: left out {in_sample} labelled requests the new model was trained "
-                     "on and has no out-of-fold score for")  # fmt: skip
+        notes.append(
+            f"note: left out {in_sample} labelled requests the new model was trained "
+            "on and has no out-of-fold score for"
+        )
     if not keep:
-        raise fail(f"no labelled request to compare on in {', '.join(map(str, traces))} "
-                   "(every one is among the new model's training prompts)")  # fmt: skip
+        raise fail(
+            f"no labelled request to compare on in {', '.join(map(str, traces))} "
+            "(every one is among the new model's training prompts)"
+        )
     sub = trace.take(np.asarray(keep))
     if note := in_sample_note(current_model, sub.texts, "the current model's figures"):
         notes.append(note)
     current = current_scorer.score_texts(sub.texts)
     quality = sub.require_quality()
     from_oof = sum(1 for i in keep if ids[i] in oof)
-    source = ("paired bootstrap; new model out of fold" if from_oof == len(keep) else
-              f"paired bootstrap; new model out of fold on {from_oof}, scored directly on "
-              f"{len(keep) - from_oof} it was not trained on")  # fmt: skip
-    return Labelled(current, np.asarray(new, np.float64), quality[:, SMALL], quality[:, LARGE],
-                    notes, sub, source)  # fmt: skip
+    source = (
+        "paired bootstrap; new model out of fold"
+        if from_oof == len(keep)
+        else f"paired bootstrap; new model out of fold on {from_oof}, scored directly on "
+        f"{len(keep) - from_oof} it was not trained on"
+    )
+    return Labelled(
+        current,
+        np.asarray(new, np.float64),
+        quality[:, SMALL],
+        quality[:, LARGE],
+        notes,
+        sub,
+        source,
+    )
 
 
 def _labelled_from_card(new_model: Path, current_model: Path) -> tuple[Labelled, Verdict]:
@@ -216,11 +231,15 @@ def _labelled_from_card(new_model: Path, current_model: Path) -> tuple[Labelled,
         recorded = card["out_of_fold"]
         against = _model_file(str(recorded["current_model"]))
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
-        raise fail(f"{new_model}: no out-of-fold comparison in {card_path.name} (train it with "
-                   "--folds, or pass --traces with labelled requests)") from None  # fmt: skip
+        raise fail(
+            f"{new_model}: no out-of-fold comparison in {card_path.name} (train it with "
+            "--folds, or pass --traces with labelled requests)"
+        ) from None
     if against != current_model:
-        raise fail(f"{card_path.name} compares with {against}, not the model in use "
-                   f"({current_model}): pass --traces to compare on labelled requests")  # fmt: skip
+        raise fail(
+            f"{card_path.name} compares with {against}, not the model in use "
+            f"({current_model}): pass --traces to compare on labelled requests"
+        )
     try:
         verdict = recorded_verdict(recorded, card_path.name)
         scores = oof_path(new_model)
@@ -229,8 +248,9 @@ def _labelled_from_card(new_model: Path, current_model: Path) -> tuple[Labelled,
         raise fail(str(exc)) from None
     ids = list(new)
     return (
-        Labelled(np.array([current[i] for i in ids]), np.array([new[i] for i in ids]), None, None,
-                 []),  # fmt: skip
+        Labelled(
+            np.array([current[i] for i in ids]), np.array([new[i] for i in ids]), None, None, []
+        ),
         verdict,
     )
 
@@ -253,29 +273,37 @@ def _retune(
         raise fail(str(exc)) from None
     changes, notes, before = [], [], {}
     if not cfg.policies:
-        notes.append("note: no policies configured: the built-in default policy takes the new "
-                     "model's card threshold")  # fmt: skip
+        notes.append(
+            "note: no policies configured: the built-in default policy takes the new "
+            "model's card threshold"
+        )
     doc_policies = data.get("policies") or {}
     for name in names:
         entry = doc_policies.get(name)
         policy = built[name]
         if not isinstance(entry, dict):
-            notes.append(f"note: policies.{name} is not in the file (set by the environment?): "
-                         "its threshold is left as it is")  # fmt: skip
+            notes.append(
+                f"note: policies.{name} is not in the file (set by the environment?): "
+                "its threshold is left as it is"
+            )
             continue
         before[name] = {k: entry[k] for k in POLICY_KEYS if k in entry}
         if not isinstance(policy, Tunable):
-            notes.append(f"note: policies.{name} ({cfg.policies[name].type}) has no single "
-                         "threshold: left as it is; check it with `cost-router simulate`")
+            notes.append(
+                f"note: policies.{name} ({cfg.policies[name].type}) has no single "
+                "threshold: left as it is; check it with `cost-router simulate`"
+            )
             continue
         if entry.get("target_large_share") is not None:
             # The share is converted on each load from the reference trace's scores; those must
             # be the new model's.
             if not entry.get("rescore"):
                 entry["rescore"] = True
-            notes.append(f"policies.{name}: keeps target_large_share "
-                         f"{entry['target_large_share']}, converted with the new model's scores "
-                         "of its reference_trace (rescore: true)")  # fmt: skip
+            notes.append(
+                f"policies.{name}: keeps target_large_share "
+                f"{entry['target_large_share']}, converted with the new model's scores "
+                "of its reference_trace (rescore: true)"
+            )
             continue
         target = None
         if entry.get("tuned_for") is not None:
@@ -317,7 +345,9 @@ def promote_cmd(
     model: Path = typer.Argument(..., help="the new .onnx model (e.g. from `classifier train`)"),
     config: Path = typer.Option(..., "--config", "-c", help="the router YAML to promote into"),
     traces: list[Path] | None = typer.Option(
-        None, "--traces", "-t",
+        None,
+        "--traces",
+        "-t",
         help="labelled requests to compare on (a proxy trace folder with labels, CSV, JSONL); "
         "default: the comparison `classifier train` recorded in the model's card",
     ),
@@ -345,8 +375,15 @@ def promote_cmd(
     if traces:
         labelled = _labelled_from_traces(traces, cfg, current_model, new_model)
         assert labelled.small is not None and labelled.large is not None
-        verdict = gate(labelled.current, labelled.new, labelled.small, labelled.large, rounds, seed,
-                       labelled.source)  # fmt: skip
+        verdict = gate(
+            labelled.current,
+            labelled.new,
+            labelled.small,
+            labelled.large,
+            rounds,
+            seed,
+            labelled.source,
+        )
     else:
         labelled, verdict = _labelled_from_card(new_model, current_model)
     for note in labelled.notes:
@@ -370,12 +407,20 @@ def promote_cmd(
             scope=scope.key,
             model=str(new_model),
             model_sha256=sha256(new_model),
-            previous={"setting": own, "file": str(current_model),
-                      "sha256": sha256(current_model), "saved": str(saved)},  # fmt: skip
+            previous={
+                "setting": own,
+                "file": str(current_model),
+                "sha256": sha256(current_model),
+                "saved": str(saved),
+            },
             policies=before,
-            gate={"promote": verdict.promote, "forced": not verdict.promote, "n": verdict.n,
-                  "apgr_gain": [verdict.delta.value, verdict.delta.low, verdict.delta.high],
-                  "source": verdict.source},  # fmt: skip
+            gate={
+                "promote": verdict.promote,
+                "forced": not verdict.promote,
+                "n": verdict.n,
+                "apgr_gain": [verdict.delta.value, verdict.delta.low, verdict.delta.high],
+                "source": verdict.source,
+            },
         )
         for line in [*notes, *(c.line() for c in changes)]:
             typer.echo(line)
@@ -389,9 +434,11 @@ def promote_cmd(
         typer.echo(f"error: promote: {exc}", err=True)
         raise typer.Exit(1) from None
     _write_history(hist, [*history, record])
-    typer.echo(f"promoted {new_model} as {scope.key} in {config}; previous model kept as {saved} "
-               f"(`cost-router classifier rollback --config {config}` restores it); a running "
-               "proxy picks it up on its next reload")  # fmt: skip
+    typer.echo(
+        f"promoted {new_model} as {scope.key} in {config}; previous model kept as {saved} "
+        f"(`cost-router classifier rollback --config {config}` restores it); a running "
+        "proxy picks it up on its next reload"
+    )
 
 
 def rollback_cmd(
@@ -414,16 +461,22 @@ def rollback_cmd(
     scope = Scope(policy)
     in_use = _model_file(scope.setting(cfg))
     if in_use != Path(last["model"]) and not force:
-        typer.echo(f"error: {key} is {in_use}, not the promoted {last['model']}: the config was "
-                   "edited since; --force rolls back anyway", err=True)  # fmt: skip
+        typer.echo(
+            f"error: {key} is {in_use}, not the promoted {last['model']}: the config was "
+            "edited since; --force rolls back anyway",
+            err=True,
+        )
         raise typer.Exit(1)
     previous = last["previous"]
     restore = previous["setting"]
     file, saved = Path(previous["file"]), Path(previous["saved"])
     if not (file.is_file() and sha256(file) == previous["sha256"]):
         if not (saved.is_file() and sha256(saved) == previous["sha256"]):
-            typer.echo(f"error: the previous model is gone: {file} changed and its copy {saved} "
-                       "is missing or changed", err=True)  # fmt: skip
+            typer.echo(
+                f"error: the previous model is gone: {file} changed and its copy {saved} "
+                "is missing or changed",
+                err=True,
+            )
             raise typer.Exit(1)
         typer.echo(f"note: {file} changed since the promotion; restoring its copy {saved}")
         restore = str(saved)
@@ -441,13 +494,20 @@ def rollback_cmd(
                     entry[k] = settings[k]
                 else:
                     entry.pop(k, None)
-            typer.echo(f"policies.{name}: " + (", ".join(f"{k} {v}" for k, v in settings.items()
-                                                         if k != "model_path") or "restored"))
+            typer.echo(
+                f"policies.{name}: "
+                + (
+                    ", ".join(f"{k} {v}" for k, v in settings.items() if k != "model_path")
+                    or "restored"
+                )
+            )
 
     try:
         edit_config(config, edit)
     except ConfigError as exc:
         raise fail(str(exc)) from None
     _write_history(hist, entries[:-1])
-    typer.echo(f"rolled back {key} to {restore or 'the shipped model'} in {config}; a running "
-               "proxy picks it up on its next reload")  # fmt: skip
+    typer.echo(
+        f"rolled back {key} to {restore or 'the shipped model'} in {config}; a running "
+        "proxy picks it up on its next reload"
+    )

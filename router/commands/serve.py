@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from router.commands.common import fail, load_config_or_exit
-from router.ports import listen_problem
-from router.telemetry_config import missing_packages
+from router.observability.telemetry_config import missing_packages
+from router.server.ports import listen_problem
 
 config_app = typer.Typer(no_args_is_help=True)
 
@@ -18,10 +18,13 @@ def config_check(path: Path) -> None:
     """Validate a config file; on error, name the offending key and exit 2."""
     cfg = load_config_or_exit(path)
     if missing := missing_packages(cfg.telemetry):
-        extra = "'cost-router[otel]'" + (" opentelemetry-exporter-otlp-proto-grpc"
-                                         if cfg.telemetry.protocol == "grpc" else "")
-        raise fail(f"{path}: telemetry.enabled: tracing needs {missing}, which is not "
-                   f"installed: pip install {extra}")  # fmt: skip
+        extra = "'cost-router[otel]'" + (
+            " opentelemetry-exporter-otlp-proto-grpc" if cfg.telemetry.protocol == "grpc" else ""
+        )
+        raise fail(
+            f"{path}: telemetry.enabled: tracing needs {missing}, which is not "
+            f"installed: pip install {extra}"
+        )
     typer.echo(f"{path}: OK ({len(cfg.tiers)} tiers, {len(cfg.policies)} policies)")
 
 
@@ -37,8 +40,8 @@ def serve(
     """Run the OpenAI-compatible routing proxy (no --config: the embedded llama.cpp demo)."""
     # Imported here: the server stack (uvicorn, the FastAPI app, onnxruntime) is only needed by
     # this command, and every other command starts faster without it.
-    from router.demo import run_demo
-    from router.server import run_server
+    from router.server.demo import run_demo
+    from router.server.run import run_server
 
     if config is None:
         raise typer.Exit(run_demo(host=host, port=port))
@@ -46,8 +49,10 @@ def serve(
     # Checked before the app loads anything, so a port in use is one line, not a traceback.
     listen_host, listen_port = host or cfg.server.host, cfg.server.port if port is None else port
     if problem := listen_problem(listen_host, listen_port):
-        raise fail(f"{problem}: stop what listens there or choose another port with --port N, "
-                   f"server.port in {config} or COST_ROUTER__SERVER__PORT")  # fmt: skip
+        raise fail(
+            f"{problem}: stop what listens there or choose another port with --port N, "
+            f"server.port in {config} or COST_ROUTER__SERVER__PORT"
+        )
     run_server(cfg, host=host, port=port, config_path=config)
 
 

@@ -20,12 +20,12 @@ import typer
 
 from backends.config import SignalsConfig
 from classifiers.dataset import DatasetError, routellm_data_dir
-from policies.config import ConfigError
 from policies.registry import SPECS, tiers_by_price
 from router.commands.common import load_config_or_exit
 from router.commands.config_edit import edit_config
 from router.config import RouterConfig, apply_env_overrides
 from simulations.sim_config import DEFAULT_POLICY, SimConfig, defaults_document
+from trace_format.config_base import ConfigError
 
 if TYPE_CHECKING:  # heavy modules (tiktoken, the replay) load inside the commands (see above)
     from simulations.trace import ReplayTrace

@@ -57,8 +57,7 @@ def verdict(row: Row, tol: Tolerance) -> Verdict:
         p95 = row.e2e_p95_s
         ok = bool(np.isfinite(p95)) and p95 <= tol.max_p95_latency_s
         passed &= ok
-        reasons.append(f"p95 latency {p95:.3f} s {'<=' if ok else '>'} "
-                       f"{tol.max_p95_latency_s:g} s")  # fmt: skip
+        reasons.append(f"p95 latency {p95:.3f} s {'<=' if ok else '>'} {tol.max_p95_latency_s:g} s")
     if row.errors:
         reasons.append(f"{row.errors} failed requests")
     return Verdict(row.name, passed, tuple(reasons))

@@ -39,29 +39,37 @@ def _num(v: float | None) -> float | None:
 
 def levers_document(rows: Sequence[Row], prompts: int) -> dict[str, Any]:
     ref = next(r for r in rows if r.kind == "reference")
-    doc: dict[str, Any] = {"schema": SCHEMA, "reference": ref.name, "prompts": prompts,
-                           "tiers": {}}  # fmt: skip
+    doc: dict[str, Any] = {"schema": SCHEMA, "reference": ref.name, "prompts": prompts, "tiers": {}}
     for r in rows:
         if r.kind == "combined":
             continue
-        doc["tiers"][r.name] = {"ttft_p50_s": _num(r.ttft_p50_s), "itl_p50_s": _num(r.itl_p50_s),
-                                "e2e_p50_s": _num(r.e2e_p50_s), "e2e_p95_s": _num(r.e2e_p95_s),
-                                "prompts": r.prompts}  # fmt: skip
-    quant = next((r for r in rows if r.kind == "alone"
-                  and r.lever in ("quantization", "distillation")), None)  # fmt: skip
+        doc["tiers"][r.name] = {
+            "ttft_p50_s": _num(r.ttft_p50_s),
+            "itl_p50_s": _num(r.itl_p50_s),
+            "e2e_p50_s": _num(r.e2e_p50_s),
+            "e2e_p95_s": _num(r.e2e_p95_s),
+            "prompts": r.prompts,
+        }
+    quant = next(
+        (r for r in rows if r.kind == "alone" and r.lever in ("quantization", "distillation")), None
+    )
     if quant is not None:
         q = quant.quality
         ratio = None
         if q is not None and q.labelled and _num(q.reference.value):
             ratio = _num(q.candidate.value / q.reference.value)
         doc["quantization"] = {
-            "tier": quant.name, "lever": quant.lever, "speed": _num(quant.decode_speed),
-            "quality": ratio, "cost": _num(quant.price_ratio),
+            "tier": quant.name,
+            "lever": quant.lever,
+            "speed": _num(quant.decode_speed),
+            "quality": ratio,
+            "cost": _num(quant.price_ratio),
             "quality_delta": None if q is None else _num(q.delta.value),
-            "quality_delta_interval": None if q is None else [_num(q.delta.low),
-                                                               _num(q.delta.high)],
+            "quality_delta_interval": None
+            if q is None
+            else [_num(q.delta.low), _num(q.delta.high)],
             "judged_pairs": 0 if q is None else q.labelled,
-        }  # fmt: skip
+        }
     spec = next((r for r in rows if r.kind == "alone" and r.lever == "speculative"), None)
     if spec is not None:
         doc["speculative"] = {
@@ -69,7 +77,7 @@ def levers_document(rows: Sequence[Row], prompts: int) -> dict[str, Any]:
             "acceptance": None if spec.acceptance is None else _num(spec.acceptance),
             "speedup": _num(spec.decode_speed),
             "identical_share": None if spec.identical is None else _num(spec.identical.value),
-        }  # fmt: skip
+        }
     return doc
 
 
@@ -77,8 +85,7 @@ def write_levers(path: Path, rows: Sequence[Row], prompts: int) -> None:
     path.write_text(json.dumps(levers_document(rows, prompts), indent=2) + "\n", encoding="utf-8")
 
 
-def _get(doc: dict[str, Any], path: Path, section: str, key: str,
-         low: float = 0.0) -> float | None:  # fmt: skip
+def _get(doc: dict[str, Any], path: Path, section: str, key: str, low: float = 0.0) -> float | None:
     part = doc.get(section)
     if part is None:
         return None
@@ -88,8 +95,9 @@ def _get(doc: dict[str, Any], path: Path, section: str, key: str,
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
-        raise LeversFileError(f"{path}: {section}.{key}: expected a number >= {low:g}, got "
-                              f"{value!r}")  # fmt: skip
+        raise LeversFileError(
+            f"{path}: {section}.{key}: expected a number >= {low:g}, got {value!r}"
+        )
     return float(value)
 
 
@@ -101,8 +109,9 @@ def read_levers(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise LeversFileError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise LeversFileError(f"{path}: not a levers.json of schema {SCHEMA} (written by "
-                              "`cost-router levers trial`)")  # fmt: skip
+        raise LeversFileError(
+            f"{path}: not a levers.json of schema {SCHEMA} (written by `cost-router levers trial`)"
+        )
     return doc
 
 
@@ -132,8 +141,10 @@ def apply_levers(levers: Levers, path: Path) -> tuple[Levers, list[str]]:
         # simulated small tier, and a ratio of two small accuracies does not carry over.
         out = replace(out, quant_quality_delta=delta)
         tier = doc["quantization"].get("tier")
-        notes.append(f"quantized small quality {delta * 100:+.1f} points [measured: {tier} vs "
-                     f"{ref}, {path.name}; added to each small-tier outcome]")  # fmt: skip
+        notes.append(
+            f"quantized small quality {delta * 100:+.1f} points [measured: {tier} vs "
+            f"{ref}, {path.name}; added to each small-tier outcome]"
+        )
     else:
         take("quantization", "quality", "quant_quality", "quantized small quality x")
     take("quantization", "cost", "quant_cost", "quantized small price x")
@@ -142,14 +153,20 @@ def apply_levers(levers: Levers, path: Path) -> tuple[Levers, list[str]]:
     if speedup is not None and speedup > 0:
         out = replace(out, spec_speedup=speedup)
         tier = doc["speculative"].get("tier")
-        notes.append(f"spec decode speed-up {speedup:.3g}x [measured: {tier} vs {ref}, "
-                     f"{path.name}; used instead of the one acceptance and k imply]")  # fmt: skip
+        notes.append(
+            f"spec decode speed-up {speedup:.3g}x [measured: {tier} vs {ref}, "
+            f"{path.name}; used instead of the one acceptance and k imply]"
+        )
     else:
         notes.append("spec decode speed-up from acceptance and k [assumed: not measured]")
-    notes.append("tier TTFT and per-token times: not from levers.json [assumed: the "
-                 "--small-*/--large-* options, or measured with --signals]")
+    notes.append(
+        "tier TTFT and per-token times: not from levers.json [assumed: the "
+        "--small-*/--large-* options, or measured with --signals]"
+    )
     share = _get(doc, path, "speculative", "identical_share")
     if share is not None:
-        notes.append(f"spec identical outputs {share:.1%} [measured]; what-if keeps the large "
-                     "tier's quality unchanged under speculative decoding")  # fmt: skip
+        notes.append(
+            f"spec identical outputs {share:.1%} [measured]; what-if keeps the large "
+            "tier's quality unchanged under speculative decoding"
+        )
     return out, notes

@@ -24,8 +24,12 @@ from simulations.levers.records import Measurement, TierDownError, TrialTier
 
 def client_for(tier: TrialTier) -> openai.AsyncOpenAI:
     # No client retries: a retried request would hide the failure and inflate the latency.
-    return openai.AsyncOpenAI(base_url=tier.base_url, api_key=tier.api_key or "unused",
-                              timeout=tier.timeout_s, max_retries=0)  # fmt: skip
+    return openai.AsyncOpenAI(
+        base_url=tier.base_url,
+        api_key=tier.api_key or "unused",
+        timeout=tier.timeout_s,
+        max_retries=0,
+    )
 
 
 async def check_up(client: openai.AsyncOpenAI, tier: TrialTier) -> None:
@@ -39,12 +43,18 @@ async def check_up(client: openai.AsyncOpenAI, tier: TrialTier) -> None:
 
 
 def _failed(prompt: TrialPrompt, tier: TrialTier, started: float, error: str) -> Measurement:
-    return Measurement(prompt.id, tier.name, "", None, None, time.perf_counter() - started, 0, 0,
-                       False, 0.0, error)  # fmt: skip
+    return Measurement(
+        prompt.id, tier.name, "", None, None, time.perf_counter() - started, 0, 0, False, 0.0, error
+    )
 
 
-async def measure(client: openai.AsyncOpenAI, tier: TrialTier, prompt: TrialPrompt,
-                  max_tokens: int, temperature: float) -> Measurement:  # fmt: skip
+async def measure(
+    client: openai.AsyncOpenAI,
+    tier: TrialTier,
+    prompt: TrialPrompt,
+    max_tokens: int,
+    temperature: float,
+) -> Measurement:
     """One streamed chat completion; a refused request or a timeout is a failed Measurement, an
     unreachable server raises TierDownError."""
     messages = [{"role": "user", "content": prompt.text}]
@@ -56,10 +66,13 @@ async def measure(client: openai.AsyncOpenAI, tier: TrialTier, prompt: TrialProm
     opened = False  # the server answered: a connection error after this is a cut stream
     try:
         stream = await client.chat.completions.create(
-            model=tier.model, messages=messages,  # type: ignore[arg-type]
-            max_tokens=max_tokens, temperature=temperature, stream=True,
+            model=tier.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stream=True,
             stream_options={"include_usage": True},
-        )  # fmt: skip
+        )
         opened = True
         async for chunk in stream:
             if chunk.usage is not None:
@@ -93,13 +106,25 @@ async def measure(client: openai.AsyncOpenAI, tier: TrialTier, prompt: TrialProm
     e2e = time.perf_counter() - started
     reported = usage is not None and usage.completion_tokens is not None
     completion = int(usage.completion_tokens) if usage is not None and reported else chunks
-    prompt_tokens = (int(usage.prompt_tokens or 0) if usage is not None and reported
-                     else count_prompt_tokens({"messages": messages}))  # fmt: skip
-    itl = ((last - first) / (completion - 1)
-           if first is not None and last is not None and completion > 1 else None)  # fmt: skip
+    prompt_tokens = (
+        int(usage.prompt_tokens or 0)
+        if usage is not None and reported
+        else count_prompt_tokens({"messages": messages})
+    )
+    itl = (
+        (last - first) / (completion - 1)
+        if first is not None and last is not None and completion > 1
+        else None
+    )
     return Measurement(
-        prompt_id=prompt.id, tier=tier.name, text="".join(parts),
-        ttft_s=None if first is None else first - started, itl_s=itl, e2e_s=e2e,
-        prompt_tokens=prompt_tokens, completion_tokens=completion, tokens_reported=reported,
+        prompt_id=prompt.id,
+        tier=tier.name,
+        text="".join(parts),
+        ttft_s=None if first is None else first - started,
+        itl_s=itl,
+        e2e_s=e2e,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion,
+        tokens_reported=reported,
         cost_usd=tier.price.cost(prompt_tokens, completion),
-    )  # fmt: skip
+    )

@@ -49,29 +49,35 @@ class PlanCombination(_Strict):
     name: str = Field(description="the row's name in the table")
     small: str = Field(description="tier for prompts scoring below the threshold")
     large: str = Field(description="tier for the others")
-    threshold: float | None = Field(default=None, ge=0, le=1,
-                                    description="None = the plan's `threshold`")
+    threshold: float | None = Field(
+        default=None, ge=0, le=1, description="None = the plan's `threshold`"
+    )
 
 
 class TrialPlan(_Strict):
     reference: str = Field(description="the tier every candidate is compared with")
-    candidates: list[PlanCandidate] = Field(default_factory=list,
-                                            description="each measured alone, in this order")
+    candidates: list[PlanCandidate] = Field(
+        default_factory=list, description="each measured alone, in this order"
+    )
     combinations: list[PlanCombination] = Field(
         default_factory=list,
         description="routing between two measured tiers on the shipped classifier's score; "
         "tiers that are not candidates are measured too",
     )
-    threshold: float = Field(default=0.5, ge=0, le=1,
-                             description="routing threshold of the combinations")
+    threshold: float = Field(
+        default=0.5, ge=0, le=1, description="routing threshold of the combinations"
+    )
     large_share: float | None = Field(
-        default=None, ge=0, le=1,
+        default=None,
+        ge=0,
+        le=1,
         description="instead of `threshold`: the threshold that sends this share of the trial's "
         "prompts to the large tier (policies/target_share.py)",
     )
-    traces: list[str] = Field(default_factory=list,
-                              description="prompts (trace folders, RouteLLM CSVs); relative to "
-                              "the plan file")
+    traces: list[str] = Field(
+        default_factory=list,
+        description="prompts (trace folders, RouteLLM CSVs); relative to the plan file",
+    )
     n: int | None = Field(default=None, ge=1, description="prompts replayed; None = all")
     max_tokens: int | None = Field(default=None, ge=1, description="per request")
     concurrency: int | None = Field(default=None, ge=1, description="requests in flight")
@@ -107,8 +113,10 @@ def load_plan(path: Path) -> TrialPlan:
     try:
         plan = TrialPlan.model_validate(doc)
     except ValidationError as exc:
-        parts = [f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
-                 for e in exc.errors()]  # fmt: skip
+        parts = [
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in exc.errors()
+        ]
         raise PlanError(f"{path}: " + "; ".join(parts)) from None
     base = path.parent
     traces = [str(p if Path(p).is_absolute() else base / p) for p in plan.traces]
@@ -123,5 +131,6 @@ def check_tiers(plan: TrialPlan, tiers: set[str], source: str) -> None:
         keys += [(f"combinations.{i}.small", combo.small), (f"combinations.{i}.large", combo.large)]
     for key, tier in keys:
         if tier not in tiers:
-            raise PlanError(f"{source}: {key}: unknown tier {tier!r} (configured: "
-                            f"{', '.join(sorted(tiers))})")  # fmt: skip
+            raise PlanError(
+                f"{source}: {key}: unknown tier {tier!r} (configured: {', '.join(sorted(tiers))})"
+            )

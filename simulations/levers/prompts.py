@@ -38,8 +38,9 @@ def _reference(ds: RoutingDataset, i: int) -> str | None:
     return None
 
 
-def load_prompts(paths: Iterable[str | Path], n: int | None = None,
-                 seed: int = 0) -> list[TrialPrompt]:  # fmt: skip
+def load_prompts(
+    paths: Iterable[str | Path], n: int | None = None, seed: int = 0
+) -> list[TrialPrompt]:
     """Up to `n` prompts with text, a seeded sample across every file (the same `seed` and data
     give the same prompts, so a rerun resumes on the same ones); raises NoPromptsError when
     there is none, DatasetError on unreadable data."""
@@ -54,5 +55,6 @@ def load_prompts(paths: Iterable[str | Path], n: int | None = None,
         )
     order = np.random.default_rng(seed).permutation(len(keep))
     chosen = sorted(keep[j] for j in (order if n is None else order[:n]))
-    return [TrialPrompt(ds.ids[i], ds.prompts[i], _reference(ds, i), str(ds.source[i]))
-            for i in chosen]  # fmt: skip
+    return [
+        TrialPrompt(ds.ids[i], ds.prompts[i], _reference(ds, i), str(ds.source[i])) for i in chosen
+    ]

@@ -81,8 +81,9 @@ class TrialStore:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise TrialStoreError(f"{folder}: cannot make the results folder "
-                                  f"({exc.strerror})") from None  # fmt: skip
+            raise TrialStoreError(
+                f"{folder}: cannot make the results folder ({exc.strerror})"
+            ) from None
         self._check_settings(folder / "trial.json", settings)
         self.measurements: dict[tuple[str, str], Measurement] = {}
         self.judgements: dict[tuple[str, str], JudgeRow] = {}
@@ -119,8 +120,10 @@ class TrialStore:
             changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
             if changed:
                 detail = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                raise TrialStoreError(f"{path}: this folder was measured with other settings "
-                                      f"({detail}); rerun with the same ones or a new --out")
+                raise TrialStoreError(
+                    f"{path}: this folder was measured with other settings "
+                    f"({detail}); rerun with the same ones or a new --out"
+                )
             return
         path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
@@ -134,8 +137,11 @@ class TrialStore:
     def _add_spec(self, counts: SpecCounts) -> None:
         old = self.spec.get(counts.tier)
         if old is not None:
-            counts = SpecCounts(counts.tier, old.draft_tokens + counts.draft_tokens,
-                                old.accepted_tokens + counts.accepted_tokens)  # fmt: skip
+            counts = SpecCounts(
+                counts.tier,
+                old.draft_tokens + counts.draft_tokens,
+                old.accepted_tokens + counts.accepted_tokens,
+            )
         self.spec[counts.tier] = counts
 
     def measured(self, prompt_id: str, tier: str) -> Measurement | None:

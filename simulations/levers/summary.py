@@ -96,8 +96,9 @@ def _share(k: int, n: int, confidence: float) -> Estimate:
     return Estimate(k / n, float(ci.low), float(ci.high), n)
 
 
-def _boot(samples: tuple[np.ndarray, ...], fn: Callable[..., np.ndarray],
-          confidence: float) -> Estimate:  # fmt: skip
+def _boot(
+    samples: tuple[np.ndarray, ...], fn: Callable[..., np.ndarray], confidence: float
+) -> Estimate:
     n = len(samples[0])
     point = float(fn(*samples, axis=-1)) if n else NAN
     if n < 2:
@@ -106,9 +107,16 @@ def _boot(samples: tuple[np.ndarray, ...], fn: Callable[..., np.ndarray],
         return Estimate(point, point, point, n)  # no spread: every resample gives the point
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns on near-degenerate resamples
-        res = stats.bootstrap(samples, fn, paired=True, vectorized=True,
-                              confidence_level=confidence, n_resamples=RESAMPLES,
-                              method="percentile", random_state=0)  # fmt: skip
+        res = stats.bootstrap(
+            samples,
+            fn,
+            paired=True,
+            vectorized=True,
+            confidence_level=confidence,
+            n_resamples=RESAMPLES,
+            method="percentile",
+            random_state=0,
+        )
     ci = res.confidence_interval
     return Estimate(point, float(ci.low), float(ci.high), n)
 
@@ -122,37 +130,57 @@ def _diff(c: np.ndarray, r: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def quality(rows: Sequence[JudgeRow], confidence: float) -> Quality:
-    labelled = [r for r in rows if r.status == "label" and r.candidate_outcome is not None
-                and r.reference_outcome is not None]  # fmt: skip
+    labelled = [
+        r
+        for r in rows
+        if r.status == "label"
+        and r.candidate_outcome is not None
+        and r.reference_outcome is not None
+    ]
     counts = Counter(r.status for r in rows)
     cand = np.asarray([r.candidate_outcome for r in labelled], dtype=np.float64)
     ref = np.asarray([r.reference_outcome for r in labelled], dtype=np.float64)
     n = len(labelled)
     wins, ties = int((cand > ref).sum()), int((cand == ref).sum())
     return Quality(
-        labelled=n, unparsed=counts["unparsed"], failed=counts["failed"],
+        labelled=n,
+        unparsed=counts["unparsed"],
+        failed=counts["failed"],
         unlabelled=counts["no-label"],
         judges=dict(Counter(r.judge for r in labelled if r.judge is not None)),
-        reference=_boot((ref,), _mean, confidence), candidate=_boot((cand,), _mean, confidence),
+        reference=_boot((ref,), _mean, confidence),
+        candidate=_boot((cand,), _mean, confidence),
         delta=_boot((cand, ref), _diff, confidence),
-        win=_share(wins, n, confidence), tie=_share(ties, n, confidence),
+        win=_share(wins, n, confidence),
+        tie=_share(ties, n, confidence),
         loss=_share(n - wins - ties, n, confidence),
-    )  # fmt: skip
+    )
 
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b and np.isfinite(a) and np.isfinite(b) else NAN
 
 
-def _row(name: str, kind: str, lever: str | None, chosen: Sequence[Measurement],
-         errors: int, ref: Mapping[str, Measurement], prices: Mapping[str, Price],
-         reference: str) -> Row:  # fmt: skip
+def _row(
+    name: str,
+    kind: str,
+    lever: str | None,
+    chosen: Sequence[Measurement],
+    errors: int,
+    ref: Mapping[str, Measurement],
+    prices: Mapping[str, Price],
+    reference: str,
+) -> Row:
     same = [m for m in chosen if m.prompt_id in ref]
     ref_same = [ref[m.prompt_id] for m in same]
     own = sum(m.cost_usd for m in chosen)
     at_ref = sum(prices[reference].cost(m.prompt_tokens, m.completion_tokens) for m in chosen)
     return Row(
-        name=name, kind=kind, lever=lever, prompts=len(chosen), errors=errors,
+        name=name,
+        kind=kind,
+        lever=lever,
+        prompts=len(chosen),
+        errors=errors,
         ttft_p50_s=_pct([m.ttft_s for m in chosen], 50),
         ttft_p95_s=_pct([m.ttft_s for m in chosen], 95),
         itl_p50_s=_pct([m.itl_s for m in chosen], 50),
@@ -160,15 +188,17 @@ def _row(name: str, kind: str, lever: str | None, chosen: Sequence[Measurement],
         e2e_p95_s=_pct([m.e2e_s for m in chosen], 95),
         completion_tokens=float(np.mean([m.completion_tokens for m in chosen])) if chosen else NAN,
         cost_per_1k=own / len(chosen) * 1000 if chosen else NAN,
-        decode_speed=_ratio(_pct([m.itl_s for m in ref_same], 50),
-                            _pct([m.itl_s for m in same], 50)),
+        decode_speed=_ratio(
+            _pct([m.itl_s for m in ref_same], 50), _pct([m.itl_s for m in same], 50)
+        ),
         e2e_speed=_ratio(_pct([m.e2e_s for m in ref_same], 50), _pct([m.e2e_s for m in same], 50)),
         price_ratio=_ratio(own, at_ref),
-    )  # fmt: skip
+    )
 
 
-def _identical(chosen: Sequence[Measurement], ref: Mapping[str, Measurement],
-               confidence: float) -> Estimate:  # fmt: skip
+def _identical(
+    chosen: Sequence[Measurement], ref: Mapping[str, Measurement], confidence: float
+) -> Estimate:
     same = [m for m in chosen if m.prompt_id in ref]
     return _share(sum(m.text == ref[m.prompt_id].text for m in same), len(same), confidence)
 
@@ -180,9 +210,14 @@ def _acceptance(store: TrialStore, tier: str) -> float | None:
     return counts.accepted_tokens / counts.draft_tokens
 
 
-def summarize(spec: TrialSpec, prompts: Sequence[TrialPrompt], store: TrialStore,
-              combinations: Sequence[Combination] = (), scores: np.ndarray | None = None,
-              confidence: float = 0.95) -> list[Row]:  # fmt: skip
+def summarize(
+    spec: TrialSpec,
+    prompts: Sequence[TrialPrompt],
+    store: TrialStore,
+    combinations: Sequence[Combination] = (),
+    scores: np.ndarray | None = None,
+    confidence: float = 0.95,
+) -> list[Row]:
     """The trial's rows: reference, candidates alone, combinations (module docstring)."""
     refname = spec.reference.name
     prices = {t.name: t.price for t in spec.tiers}
@@ -191,28 +226,49 @@ def summarize(spec: TrialSpec, prompts: Sequence[TrialPrompt], store: TrialStore
         return {p.id: m for p in prompts if (m := store.measured(p.id, tier)) is not None}
 
     def errors(tier: str) -> int:
-        return sum(1 for p in prompts if (m := store.measurements.get((p.id, tier))) is not None
-                   and not m.ok)  # fmt: skip
+        return sum(
+            1
+            for p in prompts
+            if (m := store.measurements.get((p.id, tier))) is not None and not m.ok
+        )
 
     ref = ok(refname)
-    rows = [_row(refname, "reference", None, list(ref.values()), errors(refname), ref, prices,
-                 refname)]  # fmt: skip
+    rows = [
+        _row(refname, "reference", None, list(ref.values()), errors(refname), ref, prices, refname)
+    ]
     judged: dict[str, dict[str, JudgeRow]] = {}
     for cand in spec.candidates:
         mine = ok(cand.name)
-        judged[cand.name] = {p.id: row for p in prompts
-                             if (row := store.judgements.get((p.id, cand.name))) is not None}
-        base = _row(cand.name, "alone", cand.lever, list(mine.values()), errors(cand.name), ref,
-                    prices, refname)  # fmt: skip
-        rows.append(_with(base, quality=quality(list(judged[cand.name].values()), confidence),
-                          identical=_identical(list(mine.values()), ref, confidence),
-                          acceptance=_acceptance(store, cand.name)))  # fmt: skip
+        judged[cand.name] = {
+            p.id: row
+            for p in prompts
+            if (row := store.judgements.get((p.id, cand.name))) is not None
+        }
+        base = _row(
+            cand.name,
+            "alone",
+            cand.lever,
+            list(mine.values()),
+            errors(cand.name),
+            ref,
+            prices,
+            refname,
+        )
+        rows.append(
+            _with(
+                base,
+                quality=quality(list(judged[cand.name].values()), confidence),
+                identical=_identical(list(mine.values()), ref, confidence),
+                acceptance=_acceptance(store, cand.name),
+            )
+        )
     if combinations:
         if scores is None or len(scores) != len(prompts):
             raise ValueError("combinations need one classifier score per prompt")
         for combo in combinations:
-            rows.append(_combined(combo, spec, prompts, scores, store, judged, ok, ref, prices,
-                                  confidence))  # fmt: skip
+            rows.append(
+                _combined(combo, spec, prompts, scores, store, judged, ok, ref, prices, confidence)
+            )
     return rows
 
 
@@ -220,8 +276,9 @@ def _with(row: Row, **changes: object) -> Row:
     return replace(row, **changes)  # type: ignore[arg-type]
 
 
-def _self_pair(prompt_id: str, reference: str, judged: Mapping[str, Mapping[str, JudgeRow]],
-               name: str) -> JudgeRow:  # fmt: skip
+def _self_pair(
+    prompt_id: str, reference: str, judged: Mapping[str, Mapping[str, JudgeRow]], name: str
+) -> JudgeRow:
     """The reference's answer against itself: a tie at the reference's own outcome (taken from
     any labelled pair of this prompt), or no label when no pair of it was labelled."""
     for rows in judged.values():
@@ -232,11 +289,18 @@ def _self_pair(prompt_id: str, reference: str, judged: Mapping[str, Mapping[str,
     return JudgeRow(prompt_id, name, reference, None, None, "no-label", None, None)
 
 
-def _combined(combo: Combination, spec: TrialSpec, prompts: Sequence[TrialPrompt],
-              scores: np.ndarray, store: TrialStore, judged: Mapping[str, Mapping[str, JudgeRow]],
-              ok: Callable[[str], dict[str, Measurement]], ref: Mapping[str, Measurement],
-              prices: Mapping[str, Price],
-              confidence: float) -> Row:  # fmt: skip
+def _combined(
+    combo: Combination,
+    spec: TrialSpec,
+    prompts: Sequence[TrialPrompt],
+    scores: np.ndarray,
+    store: TrialStore,
+    judged: Mapping[str, Mapping[str, JudgeRow]],
+    ok: Callable[[str], dict[str, Measurement]],
+    ref: Mapping[str, Measurement],
+    prices: Mapping[str, Price],
+    confidence: float,
+) -> Row:
     refname = spec.reference.name
     measured = {t: ok(t) for t in (combo.small, combo.large)}
     chosen: list[Measurement] = []
@@ -255,22 +319,28 @@ def _combined(combo: Combination, spec: TrialSpec, prompts: Sequence[TrialPrompt
             pairs.append(_self_pair(p.id, refname, judged, combo.name))
         elif (row := judged.get(tier, {}).get(p.id)) is not None:
             pairs.append(row)
-    levers = sorted({c.lever for c in spec.candidates if c.name in (combo.small, combo.large)
-                     and c.lever})  # fmt: skip
-    base = _row(combo.name, "combined", "+".join(levers) or None, chosen, errors, ref, prices,
-                refname)  # fmt: skip
-    return _with(base, quality=quality(pairs, confidence),
-                 identical=_identical(chosen, ref, confidence),
-                 large_share=picked[combo.large] / len(chosen) if chosen else NAN,
-                 tiers=dict(picked))  # fmt: skip
+    levers = sorted(
+        {c.lever for c in spec.candidates if c.name in (combo.small, combo.large) and c.lever}
+    )
+    base = _row(
+        combo.name, "combined", "+".join(levers) or None, chosen, errors, ref, prices, refname
+    )
+    return _with(
+        base,
+        quality=quality(pairs, confidence),
+        identical=_identical(chosen, ref, confidence),
+        large_share=picked[combo.large] / len(chosen) if chosen else NAN,
+        tiers=dict(picked),
+    )
 
 
 def _est(e: Estimate | None, pct: bool = False) -> str:
     if e is None or e.n == 0 or not np.isfinite(e.value):
         return "-"
     if pct:
-        return f"{e.value:.0%} [{e.low:.0%}, {e.high:.0%}]" if np.isfinite(e.low) else \
-            f"{e.value:.0%}"
+        return (
+            f"{e.value:.0%} [{e.low:.0%}, {e.high:.0%}]" if np.isfinite(e.low) else f"{e.value:.0%}"
+        )
     if not np.isfinite(e.low):
         return f"{e.value:+.3f}"
     return f"{e.value:+.3f} [{e.low:+.3f}, {e.high:+.3f}]"
@@ -286,9 +356,28 @@ def _x(v: float) -> str:
     return "-" if not np.isfinite(v) else f"{v:.2f}x"
 
 
-HEADERS = ["row", "lever", "n", "err", "ttft p50 ms", "itl p50 ms", "e2e p50 ms", "e2e p95 ms",
-           "tokens", "$/1k", "decode speed", "e2e speed", "quality delta", "win", "tie", "loss",
-           "judged", "unparsed", "identical", "acceptance"]  # fmt: skip
+HEADERS = [
+    "row",
+    "lever",
+    "n",
+    "err",
+    "ttft p50 ms",
+    "itl p50 ms",
+    "e2e p50 ms",
+    "e2e p95 ms",
+    "tokens",
+    "$/1k",
+    "decode speed",
+    "e2e speed",
+    "quality delta",
+    "win",
+    "tie",
+    "loss",
+    "judged",
+    "unparsed",
+    "identical",
+    "acceptance",
+]
 
 
 def table_rows(rows: Sequence[Row]) -> list[list[str]]:
@@ -299,15 +388,28 @@ def table_rows(rows: Sequence[Row]) -> list[list[str]]:
         if r.kind == "alone" and r.lever == "speculative" and r.acceptance is None:
             acc = "not exposed"
         label = r.name if r.kind != "combined" else f"{r.name} ({r.large_share:.0%} large)"
-        out.append([
-            label, r.lever or r.kind, str(r.prompts), str(r.errors), _ms(r.ttft_p50_s),
-            _ms(r.itl_p50_s), _ms(r.e2e_p50_s), _ms(r.e2e_p95_s),
-            "-" if not np.isfinite(r.completion_tokens) else f"{r.completion_tokens:.1f}",
-            "-" if not np.isfinite(r.cost_per_1k) else f"{r.cost_per_1k:.4f}",
-            _x(r.decode_speed), _x(r.e2e_speed),
-            _est(q.delta) if q else "-", _est(q.win, True) if q else "-",
-            _est(q.tie, True) if q else "-", _est(q.loss, True) if q else "-",
-            str(q.labelled) if q else "-", str(q.unparsed) if q else "-",
-            _est(r.identical, True) if r.identical else "-", acc,
-        ])  # fmt: skip
+        out.append(
+            [
+                label,
+                r.lever or r.kind,
+                str(r.prompts),
+                str(r.errors),
+                _ms(r.ttft_p50_s),
+                _ms(r.itl_p50_s),
+                _ms(r.e2e_p50_s),
+                _ms(r.e2e_p95_s),
+                "-" if not np.isfinite(r.completion_tokens) else f"{r.completion_tokens:.1f}",
+                "-" if not np.isfinite(r.cost_per_1k) else f"{r.cost_per_1k:.4f}",
+                _x(r.decode_speed),
+                _x(r.e2e_speed),
+                _est(q.delta) if q else "-",
+                _est(q.win, True) if q else "-",
+                _est(q.tie, True) if q else "-",
+                _est(q.loss, True) if q else "-",
+                str(q.labelled) if q else "-",
+                str(q.unparsed) if q else "-",
+                _est(r.identical, True) if r.identical else "-",
+                acc,
+            ]
+        )
     return out

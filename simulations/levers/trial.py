@@ -24,7 +24,7 @@ from simulations.levers.records import Measurement, TrialTier
 from simulations.levers.store import JudgeRow, SpecCounts, TrialStore
 
 # The judge of one pair: (prompt, reference answer, candidate answer) -> its row. Given by the
-# caller (the judges live above this layer: router/evaluation/judges); never raises on odd text.
+# caller (the judges live above this layer: router/learning/judges); never raises on odd text.
 JudgePair = Callable[[TrialPrompt, Measurement, Measurement], Awaitable[JudgeRow]]
 Progress = Callable[[str], None]
 
@@ -45,8 +45,7 @@ class TrialSpec:
         return {"max_tokens": self.max_tokens, "temperature": self.temperature}
 
 
-def pending_requests(spec: TrialSpec, prompts: Sequence[TrialPrompt],
-                     store: TrialStore) -> int:  # fmt: skip
+def pending_requests(spec: TrialSpec, prompts: Sequence[TrialPrompt], store: TrialStore) -> int:
     return sum(store.measured(p.id, t.name) is None for t in spec.tiers for p in prompts)
 
 
@@ -71,8 +70,9 @@ async def _spec_counters(tier: TrialTier) -> tuple[float, float] | None:
     return counters[DRAFT_TOKENS], counters.get(ACCEPTED_TOKENS, 0.0)
 
 
-async def _measure_tier(spec: TrialSpec, tier: TrialTier, todo: list[TrialPrompt],
-                        store: TrialStore, progress: Progress) -> None:  # fmt: skip
+async def _measure_tier(
+    spec: TrialSpec, tier: TrialTier, todo: list[TrialPrompt], store: TrialStore, progress: Progress
+) -> None:
     client = client_for(tier)
     try:
         await check_up(client, tier)
@@ -100,16 +100,22 @@ async def _measure_tier(spec: TrialSpec, tier: TrialTier, todo: list[TrialPrompt
         await client.close()
 
 
-async def measure_all(spec: TrialSpec, prompts: Sequence[TrialPrompt], store: TrialStore,
-                      progress: Progress) -> None:  # fmt: skip
+async def measure_all(
+    spec: TrialSpec, prompts: Sequence[TrialPrompt], store: TrialStore, progress: Progress
+) -> None:
     for tier in spec.tiers:
         todo = [p for p in prompts if store.measured(p.id, tier.name) is None]
         if todo:
             await _measure_tier(spec, tier, todo, store, progress)
 
 
-async def judge_all(spec: TrialSpec, prompts: Sequence[TrialPrompt], store: TrialStore,
-                    judge: JudgePair, progress: Progress) -> None:  # fmt: skip
+async def judge_all(
+    spec: TrialSpec,
+    prompts: Sequence[TrialPrompt],
+    store: TrialStore,
+    judge: JudgePair,
+    progress: Progress,
+) -> None:
     gate = asyncio.Semaphore(spec.concurrency)
 
     async def one(prompt: TrialPrompt, ref: Measurement, cand: Measurement) -> None:

@@ -25,9 +25,9 @@ from backends.base import Backend, UpstreamClientError, UpstreamError, UpstreamR
 from backends.config import TierConfig
 from backends.registry import BACKENDS, build_backend
 from benchmarks.echo_upstream import running_echo_upstream
-from policies.config import ConfigError
 from router.config import config_from_dict
 from tests.support.ports import free_port
+from trace_format.config_base import ConfigError
 
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
 PROMPT = "What is the capital of France?"
@@ -68,19 +68,36 @@ def _litellm(echo_url: str, tmp_path: Path) -> KindFixture:
     return KindFixture(
         tier=_tier(kind="litellm", base_url=echo_url, model="openai/echo", api_key_env=KEY_ENV),
         client_error={"extra_body": {"echo": {"fail_status": 422}}},
-        unreachable=_tier(kind="litellm", base_url=_dead_url(), model="openai/echo",
-                          api_key_env=KEY_ENV, timeout_s=5.0),  # fmt: skip
+        unreachable=_tier(
+            kind="litellm",
+            base_url=_dead_url(),
+            model="openai/echo",
+            api_key_env=KEY_ENV,
+            timeout_s=5.0,
+        ),
     )
 
 
 def _replay(echo_url: str, tmp_path: Path) -> KindFixture:
     trace = tmp_path / "recorded.jsonl"
     records = [
-        {"schema_version": 1, "id": "r1", "time": 1.0, "prompt": PROMPT, "prompt_tokens": 9,
-         "completion_tokens": 3, "outcomes": {"small": 0.0, "large": 1.0}},
-        {"schema_version": 1, "id": "r2", "time": 2.0, "prompt": "Name a prime number.",
-         "outcomes": {"small": 1.0, "large": 1.0}},
-    ]  # fmt: skip
+        {
+            "schema_version": 1,
+            "id": "r1",
+            "time": 1.0,
+            "prompt": PROMPT,
+            "prompt_tokens": 9,
+            "completion_tokens": 3,
+            "outcomes": {"small": 0.0, "large": 1.0},
+        },
+        {
+            "schema_version": 1,
+            "id": "r2",
+            "time": 2.0,
+            "prompt": "Name a prime number.",
+            "outcomes": {"small": 1.0, "large": 1.0},
+        },
+    ]
     trace.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     # A prompt the trace never recorded is the replay tier's 4xx: a 400, never a guess.
     return KindFixture(
@@ -109,8 +126,10 @@ def kind(
 ) -> KindFixture:
     make = KIND_FIXTURES.get(request.param)
     if make is None:
-        pytest.fail(f"backend kind {request.param!r} has no conformance fixture: add one to "
-                    f"KIND_FIXTURES in {Path(__file__).name}")  # fmt: skip
+        pytest.fail(
+            f"backend kind {request.param!r} has no conformance fixture: add one to "
+            f"KIND_FIXTURES in {Path(__file__).name}"
+        )
     monkeypatch.setenv(KEY_ENV, "unused-by-the-echo-server")
     return make(echo_url, tmp_path)
 
@@ -158,7 +177,9 @@ def test_complete_returns_choices_and_usage(kind: KindFixture, endpoint: str) ->
     assert isinstance(resp.body["choices"], list) and resp.body["choices"]
     usage = resp.body["usage"]
     assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (
-        usage["prompt_tokens"], usage["completion_tokens"])
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
     assert resp.usage.prompt_tokens > 0 and resp.usage.completion_tokens > 0
 
 
@@ -181,8 +202,11 @@ def test_upstream_4xx_is_a_client_error(kind: KindFixture, stream: bool) -> None
     body = {**_body("chat/completions", kind.prompt, stream=stream), **kind.client_error}
 
     async def call(b: Backend) -> object:
-        return await (_collect(b, "chat/completions", body) if stream
-                      else b.complete("chat/completions", body))  # fmt: skip
+        return await (
+            _collect(b, "chat/completions", body)
+            if stream
+            else b.complete("chat/completions", body)
+        )
 
     with pytest.raises(UpstreamClientError) as info:
         _run(kind.tier, call)
@@ -197,8 +221,11 @@ def test_unreachable_upstream_is_an_upstream_error(kind: KindFixture, stream: bo
     body = _body("chat/completions", kind.prompt, stream=stream)
 
     async def call(b: Backend) -> object:
-        return await (_collect(b, "chat/completions", body) if stream
-                      else b.complete("chat/completions", body))  # fmt: skip
+        return await (
+            _collect(b, "chat/completions", body)
+            if stream
+            else b.complete("chat/completions", body)
+        )
 
     with pytest.raises(UpstreamError) as info:
         _run(kind.unreachable, call)
@@ -249,9 +276,11 @@ def test_kinds_name_their_required_keys() -> None:
 def test_validating_a_config_imports_no_backend_class() -> None:
     """`config check`, `--help` and every other command validate tier kinds from the registry's
     entries alone: httpx, aiohttp and the backend modules load only when a tier is built."""
-    code = ("import sys, router.config; "
-            "print(sorted(m for m in ('httpx', 'aiohttp', 'backends.openai_http', "
-            "'backends.litellm_backend', 'backends.recorded') if m in sys.modules))")
+    code = (
+        "import sys, router.config; "
+        "print(sorted(m for m in ('httpx', 'aiohttp', 'backends.openai_http', "
+        "'backends.litellm_backend', 'backends.recorded') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -16,10 +16,10 @@ from backends.config import BalancingConfig, TierConfig
 from backends.deployments import Deployment, DeploymentsBusy, DeploymentSet
 from backends.openai_http import OpenAIHTTPBackend
 from benchmarks.echo_upstream import running_echo_upstream
-from policies.config import ConfigError
 from router.config import config_from_dict
 from tests.support.metrics_server import FIRST, MetricsServer
 from tests.support.ports import free_port
+from trace_format.config_base import ConfigError
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -49,8 +49,10 @@ class Clock:
 
 
 def make_set(weights: list[float], clock: Clock | None = None, **balancing: Any) -> DeploymentSet:
-    ds = [Deployment(f"d{i}", i, f"http://127.0.0.1:{i}/v1", None, w, 4)
-          for i, w in enumerate(weights)]  # fmt: skip
+    ds = [
+        Deployment(f"d{i}", i, f"http://127.0.0.1:{i}/v1", None, w, 4)
+        for i, w in enumerate(weights)
+    ]
     return DeploymentSet("large", ds, BalancingConfig(**balancing), clock or Clock())
 
 
@@ -58,10 +60,24 @@ def make_set(weights: list[float], clock: Clock | None = None, **balancing: Any)
 
 
 def test_deployments_config_defaults() -> None:
-    cfg = config_from_dict({"tiers": [tier_dict([
-        {"base_url": "http://a:8000/v1", "max_inflight": 8},
-        {"base_url": "http://b:8000/v1", "name": "b", "weight": 2, "api_key_env": "B_KEY"},
-    ])]}, environ={})  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "tiers": [
+                tier_dict(
+                    [
+                        {"base_url": "http://a:8000/v1", "max_inflight": 8},
+                        {
+                            "base_url": "http://b:8000/v1",
+                            "name": "b",
+                            "weight": 2,
+                            "api_key_env": "B_KEY",
+                        },
+                    ]
+                )
+            ]
+        },
+        environ={},
+    )
     tier = cfg.tiers[0]
     assert tier.base_url is None and tier.deployments is not None
     assert [d.name for d in tier.deployments] == ["d0", "b"]
@@ -75,22 +91,41 @@ def test_deployments_config_defaults() -> None:
     ("tier", "key", "words"),
     [
         (tier_dict([]), "tiers.0.deployments", "at least one deployment"),
-        (tier_dict([{"base_url": "http://a/v1"}], base_url="http://b/v1"), "tiers.0.deployments",
-         "either base_url"),
-        (tier_dict([{"base_url": "http://a/v1"}, {"base_url": "http://b/v1", "weight": 0}]),
-         "tiers.0.deployments.1.weight", "greater than 0"),
-        (tier_dict([{"base_url": "http://a/v1", "name": "x"}, {"base_url": "http://b/v1",
-                                                                "name": "x"}]),
-         "tiers.0.deployments", "unique"),
-        (tier_dict([{"base_url": "http://a/v1", "wieght": 2}]), "tiers.0.deployments.0.wieght",
-         "Extra inputs"),
-        (tier_dict([{"base_url": "http://a/v1"}], balancing={"strategy": "fastest"}),
-         "tiers.0.balancing.strategy", "least_outstanding"),
+        (
+            tier_dict([{"base_url": "http://a/v1"}], base_url="http://b/v1"),
+            "tiers.0.deployments",
+            "either base_url",
+        ),
+        (
+            tier_dict([{"base_url": "http://a/v1"}, {"base_url": "http://b/v1", "weight": 0}]),
+            "tiers.0.deployments.1.weight",
+            "greater than 0",
+        ),
+        (
+            tier_dict(
+                [{"base_url": "http://a/v1", "name": "x"}, {"base_url": "http://b/v1", "name": "x"}]
+            ),
+            "tiers.0.deployments",
+            "unique",
+        ),
+        (
+            tier_dict([{"base_url": "http://a/v1", "wieght": 2}]),
+            "tiers.0.deployments.0.wieght",
+            "Extra inputs",
+        ),
+        (
+            tier_dict([{"base_url": "http://a/v1"}], balancing={"strategy": "fastest"}),
+            "tiers.0.balancing.strategy",
+            "least_outstanding",
+        ),
         (tier_dict(), "tiers.0.base_url", "base_url (or deployments) is required"),
-        (tier_dict([{"base_url": "http://a/v1"}], kind="litellm"), "tiers.0.deployments",
-         "takes one server"),
+        (
+            tier_dict([{"base_url": "http://a/v1"}], kind="litellm"),
+            "tiers.0.deployments",
+            "takes one server",
+        ),
     ],
-)  # fmt: skip
+)
 def test_config_errors_name_the_key(tier: dict[str, Any], key: str, words: str) -> None:
     message = config_error(tier)
     assert key in message and words in message, message
@@ -209,9 +244,12 @@ def test_load_aware_balancing_from_vllm_metrics(
     """The prober scrapes each deployment's vLLM /metrics; the picker then avoids the one with
     the long queue (12 waiting) for the idle one, and the answer names it."""
     busy, idle = metrics_servers
-    tier = TierConfig.model_validate(tier_dict(
-        [deployment_of(busy, "busy"), deployment_of(idle, "idle")],
-        balancing={"probe_interval_s": 60}))  # fmt: skip
+    tier = TierConfig.model_validate(
+        tier_dict(
+            [deployment_of(busy, "busy"), deployment_of(idle, "idle")],
+            balancing={"probe_interval_s": 60},
+        )
+    )
 
     async def scenario() -> list[str | None]:
         backend = OpenAIHTTPBackend(tier)
@@ -224,8 +262,7 @@ def test_load_aware_balancing_from_vllm_metrics(
             # What policies see of the tier: the queue a new request would join.
             load = backend.deployments.tier_load
             assert load is not None and load.waiting == 0 and load.kv_cache_usage == 0.61
-            return [(await backend.complete("chat/completions", CHAT)).deployment
-                    for _ in range(5)]  # fmt: skip
+            return [(await backend.complete("chat/completions", CHAT)).deployment for _ in range(5)]
         finally:
             await backend.aclose()
 
@@ -236,8 +273,9 @@ def test_prober_finds_what_the_server_serves_and_sees_it_die() -> None:
     """The echo upstream serves neither /readyz nor /health: readiness falls back to /v1/models.
     A stopped server fails its probe."""
     with running_echo_upstream() as url:
-        tier = TierConfig.model_validate(tier_dict(
-            [{"base_url": url}, {"base_url": f"http://127.0.0.1:{free_port()}/v1"}]))  # fmt: skip
+        tier = TierConfig.model_validate(
+            tier_dict([{"base_url": url}, {"base_url": f"http://127.0.0.1:{free_port()}/v1"}])
+        )
         backend = OpenAIHTTPBackend(tier)
         assert backend.deployments is not None and backend._prober is not None
         up, down = backend.deployments.deployments
@@ -258,10 +296,16 @@ def test_backend_fails_over_between_deployments_then_busy() -> None:
     ejected at once; with both full, the tier is busy."""
     with running_echo_upstream("--fail-status", "503") as bad, running_echo_upstream() as good:
         dead = f"http://127.0.0.1:{free_port()}/v1"
-        tier = TierConfig.model_validate(tier_dict(
-            [{"base_url": dead, "name": "dead"}, {"base_url": bad, "name": "bad"},
-             {"base_url": good, "name": "good", "max_inflight": 1}],
-            balancing={"strategy": "round_robin", "probe_interval_s": 0}))  # fmt: skip
+        tier = TierConfig.model_validate(
+            tier_dict(
+                [
+                    {"base_url": dead, "name": "dead"},
+                    {"base_url": bad, "name": "bad"},
+                    {"base_url": good, "name": "good", "max_inflight": 1},
+                ],
+                balancing={"strategy": "round_robin", "probe_interval_s": 0},
+            )
+        )
 
         async def scenario() -> None:
             backend = OpenAIHTTPBackend(tier)
@@ -271,8 +315,9 @@ def test_backend_fails_over_between_deployments_then_busy() -> None:
                 answers = [await backend.complete("chat/completions", CHAT) for _ in range(4)]
                 assert {a.deployment for a in answers} == {"good"}
                 assert not s.by_name["dead"].available(s.clock())
-                chunks = [c async for c in backend.stream("chat/completions",
-                                                          {**CHAT, "stream": True})]
+                chunks = [
+                    c async for c in backend.stream("chat/completions", {**CHAT, "stream": True})
+                ]
                 assert b"[DONE]" in b"".join(chunks)
                 s.by_name["good"].inflight = 1  # full; the others are out or failing
                 s.eject(s.by_name["bad"], "test")
@@ -289,9 +334,12 @@ def test_every_deployment_failing_is_one_error_naming_each() -> None:
     """The request path falls back to the next tier on it, with the 5xx status kept (502, not
     503) and each deployment's failure in the log and the trace."""
     with running_echo_upstream("--fail-status", "503") as bad:
-        tier = TierConfig.model_validate(tier_dict(
-            [{"base_url": bad, "name": "a"}, {"base_url": bad, "name": "b"}],
-            balancing={"probe_interval_s": 0}))  # fmt: skip
+        tier = TierConfig.model_validate(
+            tier_dict(
+                [{"base_url": bad, "name": "a"}, {"base_url": bad, "name": "b"}],
+                balancing={"probe_interval_s": 0},
+            )
+        )
 
         async def scenario() -> list[UpstreamError]:
             backend = OpenAIHTTPBackend(tier)

@@ -18,9 +18,9 @@ from backends.launch import (
     resolve_model_path,
 )
 from backends.launch_config import LaunchConfig, launch_problems
-from policies.config import ConfigError
 from router.cli import app
 from router.config import config_from_dict, load_config
+from trace_format.config_base import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "gpu-node.yaml"
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
@@ -28,8 +28,13 @@ PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
 
 def tier(launch: dict[str, Any], name: str = "large", model: str = "large") -> TierConfig:
     return TierConfig.model_validate(
-        {"name": name, "base_url": "http://127.0.0.1:8000/v1", "model": model, "price": PRICE,
-         "launch": launch}  # fmt: skip
+        {
+            "name": name,
+            "base_url": "http://127.0.0.1:8000/v1",
+            "model": model,
+            "price": PRICE,
+            "launch": launch,
+        }
     )
 
 
@@ -40,8 +45,17 @@ def spec_json(argv: list[str]) -> dict[str, Any]:
 def config_error(launch: dict[str, Any]) -> str:
     with pytest.raises(ConfigError) as info:
         config_from_dict(
-            {"tiers": [{"name": "big", "base_url": "http://h:8000/v1", "model": "m",
-                        "price": PRICE, "launch": launch}]}  # fmt: skip
+            {
+                "tiers": [
+                    {
+                        "name": "big",
+                        "base_url": "http://h:8000/v1",
+                        "model": "m",
+                        "price": PRICE,
+                        "launch": launch,
+                    }
+                ]
+            }
         )
     return str(info.value)
 
@@ -52,9 +66,16 @@ def config_error(launch: dict[str, Any]) -> str:
 def test_vllm_plain_command() -> None:
     plan = plan_tier(tier({"model": "meta-llama/Llama-3.1-8B-Instruct", "port": 8000}))
     assert plan.argv == [
-        "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1",
-        "--port", "8000", "--served-model-name", "large",
-    ]  # fmt: skip
+        "vllm",
+        "serve",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "large",
+    ]
     assert plan.base_url == "http://127.0.0.1:8000/v1"
     assert plan.metrics_url == "http://127.0.0.1:8000/metrics"
 
@@ -72,9 +93,17 @@ def test_small_tier_quantization(method: str) -> None:
 
 def test_parallelism_dtype_memory_and_length() -> None:
     argv = plan_tier(
-        tier({"model": "org/m", "tensor_parallel_size": 4, "pipeline_parallel_size": 2,
-              "dtype": "bfloat16", "max_model_len": 8192, "gpu_memory_utilization": 0.85})
-    ).argv  # fmt: skip
+        tier(
+            {
+                "model": "org/m",
+                "tensor_parallel_size": 4,
+                "pipeline_parallel_size": 2,
+                "dtype": "bfloat16",
+                "max_model_len": 8192,
+                "gpu_memory_utilization": 0.85,
+            }
+        )
+    ).argv
     pairs = dict(zip(argv[3::2], argv[4::2], strict=False))
     assert pairs["--tensor-parallel-size"] == "4"
     assert pairs["--pipeline-parallel-size"] == "2"
@@ -85,24 +114,38 @@ def test_parallelism_dtype_memory_and_length() -> None:
 
 @pytest.mark.parametrize("method", ["ngram", "prompt_lookup"])
 def test_ngram_speculation(method: str) -> None:
-    spec = {"method": method, "num_speculative_tokens": 5, "prompt_lookup_min": 2,
-            "prompt_lookup_max": 4}  # fmt: skip
+    spec = {
+        "method": method,
+        "num_speculative_tokens": 5,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     argv = plan_tier(tier({"model": "org/m", "speculative": spec})).argv
     assert spec_json(argv) == {
-        "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_min": 2,
         "prompt_lookup_max": 4,
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "draft_model"])
 def test_model_based_speculation(method: str) -> None:
-    spec = {"method": method, "num_speculative_tokens": 3, "draft_model": "org/draft",
-            "draft_tensor_parallel_size": 1, "quantization": "fp8"}  # fmt: skip
+    spec = {
+        "method": method,
+        "num_speculative_tokens": 3,
+        "draft_model": "org/draft",
+        "draft_tensor_parallel_size": 1,
+        "quantization": "fp8",
+    }
     argv = plan_tier(tier({"model": "org/m", "tensor_parallel_size": 2, "speculative": spec})).argv
     assert spec_json(argv) == {
-        "method": method, "num_speculative_tokens": 3, "model": "org/draft",
-        "draft_tensor_parallel_size": 1, "quantization": "fp8",
-    }  # fmt: skip
+        "method": method,
+        "num_speculative_tokens": 3,
+        "model": "org/draft",
+        "draft_tensor_parallel_size": 1,
+        "quantization": "fp8",
+    }
 
 
 def test_draft_tp_equal_to_target_tp_is_allowed() -> None:
@@ -112,9 +155,14 @@ def test_draft_tp_equal_to_target_tp_is_allowed() -> None:
 
 def test_shell_quotes_the_json_and_prefixes_env() -> None:
     plan = plan_tier(
-        tier({"model": "org/m", "env": {"CUDA_VISIBLE_DEVICES": "0,1"},
-              "speculative": {"method": "ngram", "prompt_lookup_max": 4}})
-    )  # fmt: skip
+        tier(
+            {
+                "model": "org/m",
+                "env": {"CUDA_VISIBLE_DEVICES": "0,1"},
+                "speculative": {"method": "ngram", "prompt_lookup_max": 4},
+            }
+        )
+    )
     line = plan.shell()
     assert line.startswith("CUDA_VISIBLE_DEVICES=0,1 vllm serve org/m")
     assert shlex.split(line)[1:] == plan.argv  # one shell word per argument, JSON intact
@@ -153,11 +201,13 @@ REJECTED_VLLM = [
         "only to method 'ngram'",
     ),
     (
-        {"tensor_parallel_size": 4,
-         "speculative": {"method": "eagle", "draft_model": "d", "draft_tensor_parallel_size": 2}},
+        {
+            "tensor_parallel_size": 4,
+            "speculative": {"method": "eagle", "draft_model": "d", "draft_tensor_parallel_size": 2},
+        },
         "speculative.draft_tensor_parallel_size",
         "must be 1 or",
-    ),  # fmt: skip
+    ),
     (
         {"pipeline_parallel_size": 2, "speculative": {"method": "ngram", "prompt_lookup_max": 4}},
         "pipeline_parallel_size",
@@ -187,11 +237,23 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_plan_tier_rechecks_and_names_the_tier() -> None:
     # model_construct skips validation, as a config built in code might: plan_tier still refuses.
     bad = LaunchConfig.model_construct(
-        engine="vllm", model="m", port=8000, host="127.0.0.1", tensor_parallel_size=1,
-        pipeline_parallel_size=1, quantization=None, dtype=None, max_model_len=None,
-        gpu_memory_utilization=None, speculative=None, n_threads=3, n_ctx=None, extra_args=[],
-        env={}, ready_timeout_s=10.0,
-    )  # fmt: skip
+        engine="vllm",
+        model="m",
+        port=8000,
+        host="127.0.0.1",
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        quantization=None,
+        dtype=None,
+        max_model_len=None,
+        gpu_memory_utilization=None,
+        speculative=None,
+        n_threads=3,
+        n_ctx=None,
+        extra_args=[],
+        env={},
+        ready_timeout_s=10.0,
+    )
     t = TierConfig.model_construct(
         name="big", kind="openai", base_url="http://h:8000/v1", model="m", launch=bad
     )
@@ -205,17 +267,40 @@ def test_plan_tier_rechecks_and_names_the_tier() -> None:
 
 def test_llama_cpp_command_with_prompt_lookup() -> None:
     plan = plan_tier(
-        tier({"engine": "llama_cpp", "model": "/models/m.gguf", "port": 8101, "n_ctx": 2048,
-              "n_threads": 1, "speculative": {"method": "prompt_lookup",
-                                              "num_speculative_tokens": 10}}, name="small"),
+        tier(
+            {
+                "engine": "llama_cpp",
+                "model": "/models/m.gguf",
+                "port": 8101,
+                "n_ctx": 2048,
+                "n_threads": 1,
+                "speculative": {"method": "prompt_lookup", "num_speculative_tokens": 10},
+            },
+            name="small",
+        ),
         python="/venv/bin/python",
-    )  # fmt: skip
+    )
     assert plan.argv == [
-        "/venv/bin/python", "-m", "llama_cpp.server", "--model", "/models/m.gguf",
-        "--model_alias", "large", "--host", "127.0.0.1", "--port", "8101", "--n_ctx", "2048",
-        "--n_threads", "1", "--draft_model", "prompt-lookup-decoding",
-        "--draft_model_num_pred_tokens", "10",
-    ]  # fmt: skip
+        "/venv/bin/python",
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        "/models/m.gguf",
+        "--model_alias",
+        "large",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8101",
+        "--n_ctx",
+        "2048",
+        "--n_threads",
+        "1",
+        "--draft_model",
+        "prompt-lookup-decoding",
+        "--draft_model_num_pred_tokens",
+        "10",
+    ]
     assert plan.metrics_url is None  # llama-cpp-python's server has no /metrics
 
 

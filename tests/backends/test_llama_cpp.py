@@ -71,10 +71,20 @@ tiers:
     )
     log_dir = tmp / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "backends", "launch", "--config", str(config),
-         "--log-dir", str(log_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "router.cli",
+            "backends",
+            "launch",
+            "--config",
+            str(config),
+            "--log-dir",
+            str(log_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     run = Launched(proc, config, f"http://127.0.0.1:{port}/v1", log_dir)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -147,12 +157,20 @@ def test_a_server_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
 
     assert engine_available("llama_cpp") == (True, "installed")
     port = free_port()
-    tier = TierConfig.model_validate({
-        "name": "broken", "base_url": f"http://127.0.0.1:{port}/v1", "model": "m",
-        "price": {"input_per_mtok": 0, "output_per_mtok": 0},
-        "launch": {"engine": "llama_cpp", "model": str(tmp_path / "missing.gguf"), "port": port,
-                   "ready_timeout_s": 60},
-    })  # fmt: skip
+    tier = TierConfig.model_validate(
+        {
+            "name": "broken",
+            "base_url": f"http://127.0.0.1:{port}/v1",
+            "model": "m",
+            "price": {"input_per_mtok": 0, "output_per_mtok": 0},
+            "launch": {
+                "engine": "llama_cpp",
+                "model": str(tmp_path / "missing.gguf"),
+                "port": port,
+                "ready_timeout_s": 60,
+            },
+        }
+    )
     with (
         pytest.raises(LaunchError, match=r"tier 'broken': server exited with status") as info,
         ServerGroup([plan_tier(tier)], tmp_path / "logs") as group,

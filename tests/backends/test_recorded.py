@@ -21,26 +21,42 @@ from trace_format.routellm_csv import DEFAULT_LARGE, DEFAULT_SMALL, CsvFormatErr
 
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 1.0}
 RECORDS: list[dict[str, Any]] = [
-    {"id": "full", "prompt": "Add 2 and 3.", "prompt_tokens": 11, "completion_tokens": 7,
-     "outcomes": {"small": 1.0, "large": 1.0}},
-    {"id": "no-counts", "prompt": "Explain the second law of thermodynamics in a sentence.",
-     "outcomes": {"small": 0.0, "large": 1.0}},
-    {"id": "chat-only", "messages": [{"role": "system", "content": "Be brief."},
-                                     {"role": "user", "content": "Name three rivers."}],
-     "completion_tokens": 4, "outcomes": {"small": 0.5, "large": 1.0}},
-]  # fmt: skip
+    {
+        "id": "full",
+        "prompt": "Add 2 and 3.",
+        "prompt_tokens": 11,
+        "completion_tokens": 7,
+        "outcomes": {"small": 1.0, "large": 1.0},
+    },
+    {
+        "id": "no-counts",
+        "prompt": "Explain the second law of thermodynamics in a sentence.",
+        "outcomes": {"small": 0.0, "large": 1.0},
+    },
+    {
+        "id": "chat-only",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Name three rivers."},
+        ],
+        "completion_tokens": 4,
+        "outcomes": {"small": 0.5, "large": 1.0},
+    },
+]
 
 
 def write_trace(path: Path, records: list[dict[str, Any]] = RECORDS) -> Path:
-    lines = [json.dumps({"schema_version": 1, "time": float(i), **r})
-             for i, r in enumerate(records)]
+    lines = [
+        json.dumps({"schema_version": 1, "time": float(i), **r}) for i, r in enumerate(records)
+    ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
 def tier(trace: Path | str, name: str = "large", model: str = "large") -> TierConfig:
-    return TierConfig.model_validate({"name": name, "kind": "replay", "model": model,
-                                      "replay_trace": str(trace), "price": PRICE})  # fmt: skip
+    return TierConfig.model_validate(
+        {"name": name, "kind": "replay", "model": model, "replay_trace": str(trace), "price": PRICE}
+    )
 
 
 def ask(backend: RecordedBackend, body: dict[str, Any]) -> UpstreamResponse:
@@ -144,7 +160,8 @@ def test_a_routellm_csv_replays_with_the_simulators_usage(tmp_path: Path) -> Non
     large = RecordedBackend(tier(trace, name="large", model=DEFAULT_LARGE))
     usage = ask(large, {"prompt": CSV_ROWS[0][0]}).usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (
-        count_tokens(CSV_ROWS[0][0]), count_tokens(CSV_ROWS[0][3])
+        count_tokens(CSV_ROWS[0][0]),
+        count_tokens(CSV_ROWS[0][3]),
     )
     assert ask(large, {"prompt": CSV_ROWS[1][0]}).usage.completion_tokens == 1
     with pytest.raises(UpstreamClientError):  # contaminated: not replayed, as not simulated

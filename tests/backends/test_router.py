@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from router.app import create_app
 from router.config import config_from_dict
+from router.server.app import create_app
 from tests.support.metrics_server import LATER, MetricsServer
 from tests.support.waiting import wait_for
 
@@ -30,17 +30,30 @@ def _config(server: MetricsServer, traces: Path) -> dict:
     root = f"http://127.0.0.1:{server.port}"
     return {
         "tiers": [
-            {"name": "small", "base_url": f"{root}/v1", "model": "s",
-             "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6}},
-            {"name": "large", "base_url": f"{root}/v1", "model": "l",
-             "metrics_url": f"{root}/metrics",
-             "price": {"input_per_mtok": 10, "output_per_mtok": 30}},
-        ],  # fmt: skip
+            {
+                "name": "small",
+                "base_url": f"{root}/v1",
+                "model": "s",
+                "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
+            },
+            {
+                "name": "large",
+                "base_url": f"{root}/v1",
+                "model": "l",
+                "metrics_url": f"{root}/metrics",
+                "price": {"input_per_mtok": 10, "output_per_mtok": 30},
+            },
+        ],
         "default_policy": "shed",
         # threshold 0 sends everything large; margin 1 makes every score borderline, so the
         # large tier's queue alone decides.
-        "policies": {"shed": {"type": "threshold", "threshold": 0.0,
-                              "load_shed": {"max_waiting": 8, "margin": 1.0}}},  # fmt: skip
+        "policies": {
+            "shed": {
+                "type": "threshold",
+                "threshold": 0.0,
+                "load_shed": {"max_waiting": 8, "margin": 1.0},
+            }
+        },
         "budgets": {"store": "memory"},
         "traces": {"path": str(traces)},
         "signals": {"interval_s": 0.05, "timeout_s": 2.0},
@@ -71,8 +84,11 @@ def test_queue_on_large_tier_sheds_to_small_and_is_traced(
         server.metrics = LATER  # the queue drained to 1
         wait_for(lambda: state.signals.snapshot()["large"].waiting == 1.0, 10, "the queue reading")
         assert _ask(client) == "large"
-        wait_for(lambda: client.get("/metrics").text.count("spec_acceptance_rate{") == 1, 10,
-                 "the acceptance gauge")
+        wait_for(
+            lambda: client.get("/metrics").text.count("spec_acceptance_rate{") == 1,
+            10,
+            "the acceptance gauge",
+        )
 
     records = [json.loads(line) for line in traces.read_text().splitlines()]
     shed, kept = records

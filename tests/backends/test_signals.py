@@ -75,7 +75,7 @@ def test_pre_v1_cache_gauge_name_is_understood() -> None:
 
 def test_malformed_exposition_raises() -> None:
     with pytest.raises(ValueError):
-        parse_metrics("vllm:num_requests_running{engine=\"0\" 3\n")
+        parse_metrics('vllm:num_requests_running{engine="0" 3\n')
 
 
 # --- snapshots ------------------------------------------------------------------------------
@@ -92,10 +92,13 @@ def test_snapshot_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "words"),
-    [("not json", "is not JSON"), ("[]", "expected an object"),
-     ('{"version": 9, "tiers": {}}', "unsupported snapshot version"),
-     ('{"version": 1, "tiers": {"t": {"bogus_only": 1, "status": 3, "x": 1}}}', None)],
-)  # fmt: skip
+    [
+        ("not json", "is not JSON"),
+        ("[]", "expected an object"),
+        ('{"version": 9, "tiers": {}}', "unsupported snapshot version"),
+        ('{"version": 1, "tiers": {"t": {"bogus_only": 1, "status": 3, "x": 1}}}', None),
+    ],
+)
 def test_bad_snapshots_name_the_file(tmp_path: Path, content: str, words: str | None) -> None:
     path = tmp_path / "s.json"
     path.write_text(content)
@@ -114,17 +117,39 @@ def test_bad_snapshots_name_the_file(tmp_path: Path, content: str, words: str | 
 
 def test_polled_endpoints_are_only_our_servers() -> None:
     price = {"input_per_mtok": 1, "output_per_mtok": 1}
-    tiers = [TierConfig.model_validate(t) for t in [
-        {"name": "vllm", "base_url": "http://h:8000/v1", "model": "m", "price": price,
-         "launch": {"model": "org/m", "port": 8000}},
-        {"name": "named", "base_url": "http://h:9/v1", "model": "m", "price": price,
-         "metrics_url": "http://h:9100/custom"},
-        {"name": "llama", "base_url": "http://h:8101/v1", "model": "m", "price": price,
-         "launch": {"engine": "llama_cpp", "model": "m.gguf", "port": 8101}},
-        {"name": "someone_elses_api", "base_url": "http://api.example/v1", "model": "m",
-         "price": price},
-        {"name": "hosted", "kind": "litellm", "model": "gpt-4o", "price": price},
-    ]]  # fmt: skip
+    tiers = [
+        TierConfig.model_validate(t)
+        for t in [
+            {
+                "name": "vllm",
+                "base_url": "http://h:8000/v1",
+                "model": "m",
+                "price": price,
+                "launch": {"model": "org/m", "port": 8000},
+            },
+            {
+                "name": "named",
+                "base_url": "http://h:9/v1",
+                "model": "m",
+                "price": price,
+                "metrics_url": "http://h:9100/custom",
+            },
+            {
+                "name": "llama",
+                "base_url": "http://h:8101/v1",
+                "model": "m",
+                "price": price,
+                "launch": {"engine": "llama_cpp", "model": "m.gguf", "port": 8101},
+            },
+            {
+                "name": "someone_elses_api",
+                "base_url": "http://api.example/v1",
+                "model": "m",
+                "price": price,
+            },
+            {"name": "hosted", "kind": "litellm", "model": "gpt-4o", "price": price},
+        ]
+    ]
     eps = {e.tier: e for e in polled_endpoints(tiers)}
     assert set(eps) == {"vllm", "named", "llama"}
     assert eps["vllm"].metrics_url == "http://h:8000/metrics"  # vLLM: /metrics next to /v1
@@ -134,11 +159,20 @@ def test_polled_endpoints_are_only_our_servers() -> None:
 
 
 def test_poller_for_tiers_takes_the_signals_section() -> None:
-    tiers = [TierConfig.model_validate(
-        {"name": "large", "base_url": "http://h:8000/v1", "model": "m", "metrics_url": "http://h/m",
-         "price": {"input_per_mtok": 1, "output_per_mtok": 1}})]  # fmt: skip
-    poller = SignalsPoller.for_tiers(tiers, SignalsConfig(interval_s=3, timeout_s=0.5,
-                                                          stale_after_s=7))  # fmt: skip
+    tiers = [
+        TierConfig.model_validate(
+            {
+                "name": "large",
+                "base_url": "http://h:8000/v1",
+                "model": "m",
+                "metrics_url": "http://h/m",
+                "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+            }
+        )
+    ]
+    poller = SignalsPoller.for_tiers(
+        tiers, SignalsConfig(interval_s=3, timeout_s=0.5, stale_after_s=7)
+    )
     assert poller.endpoints == [Endpoint("large", "http://h:8000/v1", "http://h/m")]
     assert (poller.interval_s, poller.timeout_s, poller.stale_after_s) == (3, 0.5, 7)
 
@@ -233,8 +267,9 @@ def test_unreachable_and_malformed_servers_do_not_raise(server: MetricsServer) -
 
 def test_stale_readings_are_not_given_to_policies(server: MetricsServer) -> None:
     now = [1_000.0]
-    poller = SignalsPoller([server.endpoint()], timeout_s=2.0, stale_after_s=1.0,
-                           clock=lambda: now[0])  # fmt: skip
+    poller = SignalsPoller(
+        [server.endpoint()], timeout_s=2.0, stale_after_s=1.0, clock=lambda: now[0]
+    )
 
     async def go() -> None:
         try:

@@ -38,9 +38,16 @@ def test_a_real_gain_is_shown_and_noise_is_not(outcomes: tuple[np.ndarray, np.nd
     assert result.as_dict()["better"] is True and "APGR gain (paired)" in result.lines()[3]
     # Two routers that know nothing: the paired interval excludes 0 about 5% of the time.
     shown = sum(
-        paired_bootstrap(apgr, np.random.default_rng(s).random(len(small)),
-                         np.random.default_rng(100 + s).random(len(small)), small, large,
-                         rounds=200, seed=s).low > 0
+        paired_bootstrap(
+            apgr,
+            np.random.default_rng(s).random(len(small)),
+            np.random.default_rng(100 + s).random(len(small)),
+            small,
+            large,
+            rounds=200,
+            seed=s,
+        ).low
+        > 0
         for s in range(12)
     )
     assert shown <= 2

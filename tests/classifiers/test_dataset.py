@@ -107,8 +107,13 @@ def test_traces_read_outcomes_tokens_teams(tmp_path: Path) -> None:
 
 
 def test_trace_errors_name_field_and_line(tmp_path: Path) -> None:
-    ok = {"schema_version": 1, "id": "1", "time": 1.0, "prompt": "p",
-          "outcomes": {"small": 1, "large": 0}}
+    ok = {
+        "schema_version": 1,
+        "id": "1",
+        "time": 1.0,
+        "prompt": "p",
+        "outcomes": {"small": 1, "large": 0},
+    }
     f = _trace(tmp_path / "t.jsonl", [ok, {**ok, "outcomes": {"small": 1}}])
     with pytest.raises(DatasetError, match=r"t.jsonl: line 2: missing field 'outcomes.large'"):
         load_dataset(f)
@@ -137,8 +142,13 @@ def test_a_folder_is_walked_in_time_order_without_feedback_or_contamination(
 ) -> None:
     # A trace folder (current file, rotated ones, feedback) with a RouteLLM benchmark beside it.
     def record(n: int) -> dict:
-        return {"schema_version": 1, "id": f"r{n}", "time": 100.0 - n, "prompt": f"p{n}",
-                "outcomes": {"small": 0, "large": 1}}
+        return {
+            "schema_version": 1,
+            "id": f"r{n}",
+            "time": 100.0 - n,
+            "prompt": f"p{n}",
+            "outcomes": {"small": 0, "large": 1},
+        }
 
     for n, suffix in ((0, ""), (1, ".1"), (2, ".2"), (10, ".10")):
         _trace(tmp_path / f"requests.jsonl{suffix}", [record(n)])
@@ -151,7 +161,12 @@ def test_a_folder_is_walked_in_time_order_without_feedback_or_contamination(
     assert data.ids == ["gsm8k/q.csv:1", "r10", "r2", "r1", "r0"]
     assert data.timestamps is not None and data.timestamps[1:].tolist() == [90, 98, 99, 100]
     assert [Path(f).name for f in data.files] == [
-        "q.csv", "requests.jsonl.10", "requests.jsonl.2", "requests.jsonl.1", "requests.jsonl"]
+        "q.csv",
+        "requests.jsonl.10",
+        "requests.jsonl.2",
+        "requests.jsonl.1",
+        "requests.jsonl",
+    ]
     assert data.excluded_contaminated == 1 and "leaked" not in data.prompts
     # A rotated file's rows are named for the trace, not for "requests.jsonl".
     assert data.source.tolist() == ["q", "requests", "requests", "requests", "requests"]
@@ -164,19 +179,28 @@ def test_trace_folder_merges_labels_and_feedback_by_request_id(tmp_path: Path) -
     from trace_format.labels import LabelRecord
 
     def rec(i: int, **extra: object) -> dict:
-        return {"schema_version": 1, "id": f"q{i}", "time": float(i), "prompt": f"prompt {i}",
-                "tier": "small", **extra}
+        return {
+            "schema_version": 1,
+            "id": f"q{i}",
+            "time": float(i),
+            "prompt": f"prompt {i}",
+            "tier": "small",
+            **extra,
+        }
 
     folder = tmp_path / "traces"
     folder.mkdir()
-    _trace(folder / "requests.jsonl", [
-        rec(0, outcomes={"small": 0.2, "large": 0.9}),  # an evaluation record: kept as is
-        rec(1, outcomes={"large": 1.0}),  # feedback gives the small tier's outcome
-        rec(2),  # labels give both
-        rec(3),  # feedback only: one outcome, so unlabelled
-        {k: v for k, v in rec(4).items() if k != "prompt"},  # labelled but no text logged
-        rec(5),  # nothing
-    ])
+    _trace(
+        folder / "requests.jsonl",
+        [
+            rec(0, outcomes={"small": 0.2, "large": 0.9}),  # an evaluation record: kept as is
+            rec(1, outcomes={"large": 1.0}),  # feedback gives the small tier's outcome
+            rec(2),  # labels give both
+            rec(3),  # feedback only: one outcome, so unlabelled
+            {k: v for k, v in rec(4).items() if k != "prompt"},  # labelled but no text logged
+            rec(5),  # nothing
+        ],
+    )
     (folder / "feedback.jsonl").write_text(
         '{"request_id": "q1", "score": 0.25}\n{"request_id": "q2", "score": 0.0}\n'
         '{"request_id": "q3", "score": 1.0}\n{"request_id": "q1", "sco'

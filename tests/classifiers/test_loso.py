@@ -20,8 +20,7 @@ from classifiers.train import TrainConfig
 from router.cli import app
 
 DATA = routellm_data_dir()
-SUBJECTS = ["mmlu_anatomy.csv", "mmlu_astronomy.csv", "mmlu_marketing.csv",
-            "mmlu_virology.csv"]  # fmt: skip
+SUBJECTS = ["mmlu_anatomy.csv", "mmlu_astronomy.csv", "mmlu_marketing.csv", "mmlu_virology.csv"]
 ROWS = 14  # per file
 
 
@@ -47,14 +46,19 @@ def dataset(folder: Path) -> RoutingDataset:
 
 def test_each_holdout_is_scored_by_models_that_never_saw_it(dataset: RoutingDataset) -> None:
     splits = {h.name: h for h in holdouts(dataset)}
-    assert set(splits) == {"gsm8k (trained on mmlu)", "mmlu (trained on gsm8k)",
-                           "mmlu half 2 (trained on half 1)", "mmlu half 1 (trained on half 2)"}
+    assert set(splits) == {
+        "gsm8k (trained on mmlu)",
+        "mmlu (trained on gsm8k)",
+        "mmlu half 2 (trained on half 1)",
+        "mmlu half 1 (trained on half 2)",
+    }
     for h in splits.values():
         assert not set(h.train) & set(h.test)
         assert not set(dataset.source[h.train]) & set(dataset.source[h.test])
     gsm = splits["gsm8k (trained on mmlu)"]
     assert set(dataset.benchmark[gsm.test]) == {"gsm8k"} and set(dataset.benchmark[gsm.train]) == {
-        "mmlu"}  # fmt: skip
+        "mmlu"
+    }
     half = splits["mmlu half 2 (trained on half 1)"]
     assert len(set(dataset.source[half.train])) == 2 and len(set(dataset.source[half.test])) == 2
 
@@ -92,30 +96,53 @@ def _report(effects: dict[str, tuple[float, float, float]]) -> LosoReport:
     (value, low, high) and its APGR 0.6 + value."""
     results = []
     for holdout in ("h1", "h2"):
-        results.append(Result("shipped", holdout, Estimate(0.6, 0.5, 0.7, 10),
-                              Estimate(0.5, 0.5, 0.5, 10), None))  # fmt: skip
+        results.append(
+            Result(
+                "shipped", holdout, Estimate(0.6, 0.5, 0.7, 10), Estimate(0.5, 0.5, 0.5, 10), None
+            )
+        )
         for name, (value, low, high) in effects.items():
-            results.append(Result(name, holdout, Estimate(0.6 + value, 0.5, 0.7, 10),
-                                  Estimate(0.5, 0.5, 0.5, 10), Estimate(value, low, high, 10)))
+            results.append(
+                Result(
+                    name,
+                    holdout,
+                    Estimate(0.6 + value, 0.5, 0.7, 10),
+                    Estimate(0.5, 0.5, 0.5, 10),
+                    Estimate(value, low, high, 10),
+                )
+            )
     return LosoReport(results, {}, {})
 
 
 SIG_UP, SIG_DOWN, NOISE = (0.02, 0.01, 0.03), (-0.02, -0.03, -0.01), (0.002, -0.01, 0.014)
 
 
-@pytest.mark.parametrize(("effects", "chosen"), [
-    ({"no_source_prior": SIG_DOWN, "no_char_ngrams": SIG_DOWN, "words_only": SIG_DOWN},
-     "shipped"),  # every part helps held out: keep all
-    ({"no_source_prior": NOISE, "no_char_ngrams": NOISE, "words_only": NOISE},
-     "shipped"),  # no part shown to lower it (intervals span 0): keep all
-    ({"no_source_prior": SIG_UP, "no_char_ngrams": NOISE, "words_only": NOISE},
-     "no_source_prior"),  # the prior lowers held-out APGR: drop it only
-    ({"no_source_prior": SIG_UP, "no_char_ngrams": SIG_UP, "words_only": (0.03, 0.02, 0.04)},
-     "words_only"),  # both lower it: drop both
-    ({"no_source_prior": SIG_UP, "no_char_ngrams": (0.03, 0.02, 0.04)},
-     "no_char_ngrams"),  # both lower it, together not measured: the best measured of the two
-    ({"no_open_weight": (0.0, 0.0, 0.0)}, "shipped"),  # no holdout tells them apart: keep it
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("effects", "chosen"),
+    [
+        (
+            {"no_source_prior": SIG_DOWN, "no_char_ngrams": SIG_DOWN, "words_only": SIG_DOWN},
+            "shipped",
+        ),  # every part helps held out: keep all
+        (
+            {"no_source_prior": NOISE, "no_char_ngrams": NOISE, "words_only": NOISE},
+            "shipped",
+        ),  # no part shown to lower it (intervals span 0): keep all
+        (
+            {"no_source_prior": SIG_UP, "no_char_ngrams": NOISE, "words_only": NOISE},
+            "no_source_prior",
+        ),  # the prior lowers held-out APGR: drop it only
+        (
+            {"no_source_prior": SIG_UP, "no_char_ngrams": SIG_UP, "words_only": (0.03, 0.02, 0.04)},
+            "words_only",
+        ),  # both lower it: drop both
+        (
+            {"no_source_prior": SIG_UP, "no_char_ngrams": (0.03, 0.02, 0.04)},
+            "no_char_ngrams",
+        ),  # both lower it, together not measured: the best measured of the two
+        ({"no_open_weight": (0.0, 0.0, 0.0)}, "shipped"),  # no holdout tells them apart: keep it
+    ],
+)
 def test_choose_drops_only_parts_shown_to_lower_it(
     effects: dict[str, tuple[float, float, float]], chosen: str
 ) -> None:
@@ -134,18 +161,46 @@ def test_removal_effect_combines_the_holdouts() -> None:
 
 def test_train_report_loso_prints_the_table(folder: Path, tmp_path: Path) -> None:
     # One cheap recipe (the full set is the benchmark's: benchmarks/loso.py).
-    result = CliRunner().invoke(app, ["classifier", "train", str(folder), "--folds", "0",
-                                      "--out", str(tmp_path / "m.onnx"), "--report", "loso",
-                                      "--loso-recipe", "words_only", "--bootstrap", "20",
-                                      "--include-contaminated"])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "classifier",
+            "train",
+            str(folder),
+            "--folds",
+            "0",
+            "--out",
+            str(tmp_path / "m.onnx"),
+            "--report",
+            "loso",
+            "--loso-recipe",
+            "words_only",
+            "--bootstrap",
+            "20",
+            "--include-contaminated",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "leave-one-source-out" in result.stdout and "mean held-out APGR" in result.stdout
     rows = [ln for ln in result.stdout.splitlines() if ln.startswith("words_only ")]
     assert len(rows) == 4  # one line per holdout
     assert "chosen: words_only" in result.stdout and (tmp_path / "m.onnx").is_file()
-    unknown = CliRunner().invoke(app, ["classifier", "train", str(folder), "--report", "loso",
-                                       "--loso-recipe", "nope"])  # fmt: skip
+    unknown = CliRunner().invoke(
+        app, ["classifier", "train", str(folder), "--report", "loso", "--loso-recipe", "nope"]
+    )
     assert unknown.exit_code == 2 and "--loso-recipe: unknown nope" in unknown.stderr
-    bad = CliRunner().invoke(app, ["classifier", "train", str(folder / "gsm8k"), "--folds", "0",
-                                   "--out", str(tmp_path / "g.onnx"), "--report", "loso"])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "classifier",
+            "train",
+            str(folder / "gsm8k"),
+            "--folds",
+            "0",
+            "--out",
+            str(tmp_path / "g.onnx"),
+            "--report",
+            "loso",
+        ],
+    )
     assert bad.exit_code == 2 and "--report loso: leave-one-source-out needs" in bad.stderr

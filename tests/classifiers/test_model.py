@@ -148,17 +148,31 @@ def _older_graph(path: Path, text_type: int) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     def tfidf(name: str) -> onnx.NodeProto:
-        pool = ({"pool_strings": ["hello"]} if text_type == TensorProto.STRING
-                else {"pool_int64s": [ord("h")]})  # fmt: skip
-        return helper.make_node("TfIdfVectorizer", [name], [f"{name}_tf"], mode="TF",
-                                min_gram_length=1, max_gram_length=1, max_skip_count=0,
-                                ngram_counts=[0], ngram_indexes=[0], **pool)  # fmt: skip
+        pool = (
+            {"pool_strings": ["hello"]}
+            if text_type == TensorProto.STRING
+            else {"pool_int64s": [ord("h")]}
+        )
+        return helper.make_node(
+            "TfIdfVectorizer",
+            [name],
+            [f"{name}_tf"],
+            mode="TF",
+            min_gram_length=1,
+            max_gram_length=1,
+            max_skip_count=0,
+            ngram_counts=[0],
+            ngram_indexes=[0],
+            **pool,
+        )
 
     text_shape = ["rows", 1] if text_type == TensorProto.STRING else ["rows", "chars"]
-    inputs = [helper.make_tensor_value_info(n, text_type, text_shape)
-              for n in ("mc_text", "open_text")]  # fmt: skip
-    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["rows", 1])
-               for n in NUMERIC_INPUTS]  # fmt: skip
+    inputs = [
+        helper.make_tensor_value_info(n, text_type, text_shape) for n in ("mc_text", "open_text")
+    ]
+    inputs += [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["rows", 1]) for n in NUMERIC_INPUTS
+    ]
     weights = np.zeros((2 + len(NUMERIC_INPUTS), 2), dtype=np.float32)
     weights[1, 1] = 1.0  # the open-side text's count
     nodes = [
@@ -169,10 +183,12 @@ def _older_graph(path: Path, text_type: int) -> Path:
         helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
     ]
     graph = helper.make_graph(
-        nodes, "older", inputs,
+        nodes,
+        "older",
+        inputs,
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["rows", 2])],
         [numpy_helper.from_array(weights, "w")],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(model)
     path.write_bytes(model.SerializeToString())

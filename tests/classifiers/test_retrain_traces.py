@@ -28,7 +28,7 @@ from classifiers.oof import read_scores
 from classifiers.score_reference import ScoreReference, bin_counts, reference_path_for
 from router.cli import app
 from router.config import config_from_dict
-from router.evaluation.judges.feedback import append_feedback_labels
+from router.learning.judges.feedback import append_feedback_labels
 from tests.support.proxy import ProxyThread
 from tests.support.sim import router_config_dict
 from trace_format.feedback import FEEDBACK_FILE
@@ -53,8 +53,14 @@ def _source_trace(path: Path) -> dict[str, tuple[float, float]]:
                 break
             outcomes.setdefault(prompt, (float(small), float(large)))
     records = [
-        {"schema_version": 1, "id": f"src-{i}", "time": 1.0, "prompt": prompt,
-         "prompt_tokens": 50, "completion_tokens": 20}
+        {
+            "schema_version": 1,
+            "id": f"src-{i}",
+            "time": 1.0,
+            "prompt": prompt,
+            "prompt_tokens": 50,
+            "completion_tokens": 20,
+        }
         for i, prompt in enumerate(outcomes)
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
@@ -70,10 +76,12 @@ def build_trace_folder(root: Path) -> Path:
     """`root/traces`: the proxy's trace folder after N requests, 30 rated, LABELLED judged."""
     outcomes = _source_trace(root / "source.jsonl")
     folder = root / "traces"
-    data = router_config_dict(root / "source.jsonl", threshold=0.55,
-                              traces={"path": str(folder / "requests.jsonl"),
-                                      "include_prompt": True},
-                              signals={"enabled": False})
+    data = router_config_dict(
+        root / "source.jsonl",
+        threshold=0.55,
+        traces={"path": str(folder / "requests.jsonl"), "include_prompt": True},
+        signals={"enabled": False},
+    )
     config = config_from_dict(data, environ={})
     sent: list[tuple[str, str, str]] = []  # (request id, tier, prompt)
     with ProxyThread(config) as proxy:
@@ -94,8 +102,14 @@ def build_trace_folder(root: Path) -> Path:
     with (folder / LABELS_FILE).open("wb") as fh:
         for rid, _tier, prompt in sent[:LABELLED]:
             small, large = outcomes[prompt]
-            fh.write(LabelRecord(request_id=rid, judge="reference", judge_version="1",
-                                 outcomes={"small": small, "large": large}).line())
+            fh.write(
+                LabelRecord(
+                    request_id=rid,
+                    judge="reference",
+                    judge_version="1",
+                    outcomes={"small": small, "large": large},
+                ).line()
+            )
         fh.write(b'{"request_id": "half-writ')
     (folder / "shadow-answers.jsonl").write_text('{"request_id": "x", "answer": "..."}\n')
     return folder
@@ -111,8 +125,20 @@ def test_side_files_are_not_traces(trace_dir: Path) -> None:
 
 def test_train_tune_simulate_on_the_trace_folder(trace_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "new.onnx"
-    result = runner.invoke(app, ["classifier", "train", str(trace_dir), "--out", str(out),
-                                 "--bootstrap", "200", "--folds", "3"])
+    result = runner.invoke(
+        app,
+        [
+            "classifier",
+            "train",
+            str(trace_dir),
+            "--out",
+            str(out),
+            "--bootstrap",
+            "200",
+            "--folds",
+            "3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"trained on {LABELLED} labelled rows ({N - LABELLED} unlabelled" in result.stdout
     assert "APGR      current" in result.stdout and "APGR gain (paired)" in result.stdout
@@ -132,15 +158,30 @@ def test_train_tune_simulate_on_the_trace_folder(trace_dir: Path, tmp_path: Path
     by_id = {line["request_id"]: line for line in lines}
     again = compare_models(
         np.array([by_id[i]["current_score"] for i in ds.ids]),
-        np.array([by_id[i]["score"] for i in ds.ids]), ds.small, ds.large, rounds=200,
+        np.array([by_id[i]["score"] for i in ds.ids]),
+        ds.small,
+        ds.large,
+        rounds=200,
     )
     meta = json.loads(out.with_suffix(".json").read_text())
     recorded = meta["out_of_fold"]["comparison"]["delta"]["APGR"]
     assert recorded["value"] == pytest.approx(again.delta.value)
 
     # tune on the folder with the out-of-fold scores: the labelled requests, no re-scoring.
-    result = runner.invoke(app, ["tune", "-t", str(trace_dir), "--scores", str(oof),
-                                 "--target-quality", "0.9", "--bootstrap", "50"])
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            "-t",
+            str(trace_dir),
+            "--scores",
+            str(oof),
+            "--target-quality",
+            "0.9",
+            "--bootstrap",
+            "50",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"replaying {LABELLED} labelled requests; left out {N - LABELLED}" in result.stderr
     assert "threshold" in result.stdout
@@ -178,8 +219,9 @@ def test_train_turns_feedback_into_labels_first(trace_dir: Path, tmp_path: Path)
 def test_scores_file_missing_a_request_is_a_clean_error(trace_dir: Path, tmp_path: Path) -> None:
     partial = tmp_path / "partial.jsonl"
     partial.write_text('{"request_id": "nobody", "score": 0.5}\n')
-    result = runner.invoke(app, ["tune", "-t", str(trace_dir), "--scores", str(partial),
-                                 "--target-quality", "0.9"])
+    result = runner.invoke(
+        app, ["tune", "-t", str(trace_dir), "--scores", str(partial), "--target-quality", "0.9"]
+    )
     assert result.exit_code == 2
     assert "has no score in" in result.stderr and f"({LABELLED} of {LABELLED}" in result.stderr
 
@@ -203,9 +245,23 @@ def test_with_default_data_weighs_own_rows(
         csv.writer(fh).writerows(rows)
     monkeypatch.setenv("COST_ROUTER_DATA", str(shipped.parent))
     out = tmp_path / "mixed.onnx"
-    result = runner.invoke(app, ["classifier", "train", str(trace_dir), "--with-default-data",
-                                 "--own-weight", "3", "--folds", "2", "--out", str(out),
-                                 "--bootstrap", "100"])
+    result = runner.invoke(
+        app,
+        [
+            "classifier",
+            "train",
+            str(trace_dir),
+            "--with-default-data",
+            "--own-weight",
+            "3",
+            "--folds",
+            "2",
+            "--out",
+            str(out),
+            "--bootstrap",
+            "100",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "left out 20 rows of the default data whose prompts are in DATA" in result.stderr
     meta = json.loads(out.with_suffix(".json").read_text())

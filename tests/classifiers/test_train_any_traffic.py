@@ -40,8 +40,13 @@ def _gsm8k_records(n: int | None = None) -> list[dict]:
     ds = load_dataset(DATA / "gsm8k", exclude_contaminated=False)
     rows = range(len(ds)) if n is None else range(n)
     return [
-        {"schema_version": 1, "id": f"r{i}", "time": 1.0e9 + i, "prompt": ds.prompts[i],
-         "outcomes": {"small": float(ds.small[i]), "large": float(ds.large[i])}}
+        {
+            "schema_version": 1,
+            "id": f"r{i}",
+            "time": 1.0e9 + i,
+            "prompt": ds.prompts[i],
+            "outcomes": {"small": float(ds.small[i]), "large": float(ds.large[i])},
+        }
         for i in rows
     ]
 
@@ -54,15 +59,17 @@ def test_open_ended_trace_of_913_prompts_trains(tmp_path: Path) -> None:
     assert code == 0, stdout + stderr
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["rows"] == 913
-    scores = DifficultyScorer.load(out).score_texts(["What is 17 * 23?", "Name a color.\nA. red\n"
-                                                     "B. blue\nAnswer:"])
+    scores = DifficultyScorer.load(out).score_texts(
+        ["What is 17 * 23?", "Name a color.\nA. red\nB. blue\nAnswer:"]
+    )
     assert np.isfinite(scores).all()
 
 
 def test_gsm8k_folder_alone_trains_and_reports_out_of_fold(tmp_path: Path) -> None:
     out = tmp_path / "gsm.onnx"
-    code, stdout, stderr = _train(str(DATA / "gsm8k"), "--out", str(out), "--bootstrap", "200",
-                                  "--folds", "3")
+    code, stdout, stderr = _train(
+        str(DATA / "gsm8k"), "--out", str(out), "--bootstrap", "200", "--folds", "3"
+    )
     assert code == 0, stdout + stderr
     assert "trained on 905 labelled rows" in stdout
     assert "APGR gain (paired)" in stdout
@@ -94,20 +101,25 @@ def test_multi_turn_chat_with_graded_outcomes_trains(tmp_path: Path) -> None:
     for i in range(400):
         grade_small = float(np.clip(ds.small[i] * 0.7 + rng.uniform(0, 0.3), 0, 1))
         grade_large = float(np.clip(ds.large[i] * 0.7 + rng.uniform(0, 0.3), 0, 1))
-        records.append({
-            "schema_version": 1, "id": f"c{i}", "time": 1.0e9 + i,
-            "messages": [
-                {"role": "system", "content": "You are a helpful tutor."},
-                {"role": "user", "content": "Hi, can you help me with homework?"},
-                {"role": "assistant", "content": "Of course. What is the question?"},
-                {"role": "user", "content": ds.prompts[i]},
-            ],
-            "outcomes": {"small": round(grade_small, 3), "large": round(grade_large, 3)},
-        })
+        records.append(
+            {
+                "schema_version": 1,
+                "id": f"c{i}",
+                "time": 1.0e9 + i,
+                "messages": [
+                    {"role": "system", "content": "You are a helpful tutor."},
+                    {"role": "user", "content": "Hi, can you help me with homework?"},
+                    {"role": "assistant", "content": "Of course. What is the question?"},
+                    {"role": "user", "content": ds.prompts[i]},
+                ],
+                "outcomes": {"small": round(grade_small, 3), "large": round(grade_large, 3)},
+            }
+        )
     trace = _trace(tmp_path / "chat" / "requests.jsonl", records)
     out = tmp_path / "chat.onnx"
-    code, stdout, stderr = _train(str(trace), "--out", str(out), "--margin", "0.1",
-                                  "--bootstrap", "200", "--folds", "3")
+    code, stdout, stderr = _train(
+        str(trace), "--out", str(out), "--margin", "0.1", "--bootstrap", "200", "--folds", "3"
+    )
     assert code == 0, stdout + stderr
     meta = json.loads(out.with_suffix(".json").read_text())
     counts = meta["class_counts"]
@@ -152,22 +164,38 @@ def test_in_sample_warning_is_by_content_for_the_shipped_model(tmp_path: Path) -
     assert "60 of 62 prompts (97%) are among the training prompts of model.onnx" in result.stderr
     # tune and simulate warn too (they re-score with the configured model, here the shipped one).
     for command in (["tune", "--target-quality", "0.9", "--bootstrap", "0"], ["simulate"]):
-        result = runner.invoke(app, [command[0], "-t", str(copy), "--small-column", "a",
-                                     "--large-column", "b", "--completion-tokens", "5",
-                                     *command[1:]])
+        result = runner.invoke(
+            app,
+            [
+                command[0],
+                "-t",
+                str(copy),
+                "--small-column",
+                "a",
+                "--large-column",
+                "b",
+                "--completion-tokens",
+                "5",
+                *command[1:],
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert "60 of 62 prompts" in result.stderr and "in-sample" in result.stderr
 
 
 def test_bad_train_options_are_clean_errors(tmp_path: Path) -> None:
-    code, _o, stderr = _train(str(DATA / "gsm8k"), "--out", str(tmp_path / "m.onnx"),
-                              "--own-weight", "0")
+    code, _o, stderr = _train(
+        str(DATA / "gsm8k"), "--out", str(tmp_path / "m.onnx"), "--own-weight", "0"
+    )
     assert code == 2 and "--own-weight must be > 0" in stderr
-    code, _o, stderr = _train(str(DATA / "gsm8k"), "--out", str(tmp_path / "m.onnx"),
-                              "--folds", "1")
+    code, _o, stderr = _train(
+        str(DATA / "gsm8k"), "--out", str(tmp_path / "m.onnx"), "--folds", "1"
+    )
     assert code == 2 and "--folds must be 0" in stderr
-    unlabelled = _trace(tmp_path / "live" / "requests.jsonl",
-                        [{"schema_version": 1, "id": "x", "time": 1.0, "prompt": "hello"}])
+    unlabelled = _trace(
+        tmp_path / "live" / "requests.jsonl",
+        [{"schema_version": 1, "id": "x", "time": 1.0, "prompt": "hello"}],
+    )
     code, _o, stderr = _train(str(unlabelled.parent), "--out", str(tmp_path / "m.onnx"))
     assert code == 2 and "no labelled requests" in stderr and "1 requests have no label" in stderr
 
@@ -178,8 +206,10 @@ def test_repeated_prompts_share_a_fold() -> None:
 
     ds = load_dataset(DATA / "gsm8k").subset(np.arange(150))
     repeated = ds.subset(np.concatenate([np.arange(150), np.arange(40)]))
-    repeated = replace(repeated, prompts=repeated.prompts[:150]
-                       + [p.upper() + "  " for p in repeated.prompts[150:]])
+    repeated = replace(
+        repeated,
+        prompts=repeated.prompts[:150] + [p.upper() + "  " for p in repeated.prompts[150:]],
+    )
     oof = out_of_fold(repeated, TrainConfig(), folds=3)
     fold_of = dict(zip(oof.rows.tolist(), oof.folds.tolist(), strict=True))
     assert all(fold_of[i] == fold_of[150 + i] for i in range(40))

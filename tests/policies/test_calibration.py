@@ -24,13 +24,16 @@ from policies.calibration import (
     calibration_store,
     replay_decisions,
 )
-from policies.config import ConfigError, PolicyConfig
+from policies.config import PolicyConfig
 from policies.registry import PolicyEnv, build_policies
 from router.config import config_from_dict
 from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
+from trace_format.config_base import ConfigError
 
-PRICES = {"small": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
-          "large": {"input_per_mtok": 10, "output_per_mtok": 30}}
+PRICES = {
+    "small": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
+    "large": {"input_per_mtok": 10, "output_per_mtok": 30},
+}
 TIERS = [{"name": n, "base_url": f"http://{n}", "model": n, "price": p} for n, p in PRICES.items()]
 
 
@@ -109,8 +112,14 @@ def redis_store():
 def test_redis_script_and_memory_store_take_the_same_steps(redis_store) -> None:
     store, _, client = redis_store
     memory = MemoryCalibrationStore()
-    s = settings(warmup_requests=60, every_n_requests=15, max_step=0.03, window_requests=300,
-                 min_threshold=0.05, max_threshold=0.95)
+    s = settings(
+        warmup_requests=60,
+        every_n_requests=15,
+        max_step=0.03,
+        window_requests=300,
+        min_threshold=0.05,
+        max_threshold=0.95,
+    )
     rng = np.random.default_rng(3)
 
     async def run() -> None:
@@ -161,8 +170,9 @@ def test_an_unreachable_store_keeps_the_threshold_and_the_scores() -> None:
 
     from tests.support.ports import free_port
 
-    client = aioredis.Redis(port=free_port(), socket_connect_timeout=0.5,
-                            retry=Retry(NoBackoff(), 0))
+    client = aioredis.Redis(
+        port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
     dead = RedisCalibrationStore(client, "nowhere")
     calibrator = Calibrator("p", settings(every_n_requests=5))
 
@@ -190,8 +200,9 @@ def test_the_store_follows_the_budget_store() -> None:
 
 
 def test_policy_decides_at_the_threshold_in_force() -> None:
-    policy = build({"target_large_share": 0.3,
-                    "calibrate": {"start_threshold": 0.6, "warmup_requests": 0}})
+    policy = build(
+        {"target_large_share": 0.3, "calibrate": {"start_threshold": 0.6, "warmup_requests": 0}}
+    )
     assert isinstance(policy, CalibratingPolicy) and isinstance(policy, Tunable)
     assert policy.threshold == 0.6 and policy.tiers() == ["small", "large"]
     policy.calibrator.threshold = 0.25
@@ -210,16 +221,24 @@ def test_a_reload_carries_the_calibrated_threshold() -> None:
     params = {"target_large_share": 0.3, "calibrate": {"start_threshold": 0.6}}
     old = {"p": build(params), "q": build(params)}
     old["p"].calibrator.adopt(CalibrationReply(0.42, 500, 20))  # q never read the shared state
-    new = {"p": build({**params, "target_large_share": 0.25}), "q": build(params),
-           "r": build(params)}
+    new = {
+        "p": build({**params, "target_large_share": 0.25}),
+        "q": build(params),
+        "r": build(params),
+    }
     assert carry_calibration(old, new) == 1
     assert new["p"].threshold == 0.42 and new["p"].calibrator.loaded
     assert new["q"].threshold == new["r"].threshold == 0.6
 
 
 def test_load_shedding_is_kept_under_calibration() -> None:
-    policy = build({"target_large_share": 0.3, "load_shed": {"max_waiting": 2, "margin": 0.1},
-                    "calibrate": {"start_threshold": 0.5}})
+    policy = build(
+        {
+            "target_large_share": 0.3,
+            "load_shed": {"max_waiting": 2, "margin": 0.1},
+            "calibrate": {"start_threshold": 0.5},
+        }
+    )
     assert policy.current().margin == 0.1  # type: ignore[union-attr]
 
 
@@ -230,26 +249,41 @@ def test_start_threshold_defaults_to_the_card_without_a_trace() -> None:
     assert policy.threshold == card_threshold(None)
 
 
-@pytest.mark.parametrize(("params", "key"), [
-    ({"threshold": 0.4, "calibrate": {}}, "calibrate needs target_large_share"),
-    ({"target_large_share": 0.3, "calibrate": {"min_threshold": 0.6, "max_threshold": 0.5}},
-     "policies.p.calibrate"),
-    ({"target_large_share": 0.3, "calibrate": {"every_n": 5}}, "policies.p.calibrate.every_n"),
-    ({"target_large_share": 0.3, "calibrate": {"max_step": 0}}, "policies.p.calibrate.max_step"),
-    ({"target_large_share": 0.3, "calibrate": {"enabled": False}}, "needs reference_trace"),
-])
+@pytest.mark.parametrize(
+    ("params", "key"),
+    [
+        ({"threshold": 0.4, "calibrate": {}}, "calibrate needs target_large_share"),
+        (
+            {"target_large_share": 0.3, "calibrate": {"min_threshold": 0.6, "max_threshold": 0.5}},
+            "policies.p.calibrate",
+        ),
+        ({"target_large_share": 0.3, "calibrate": {"every_n": 5}}, "policies.p.calibrate.every_n"),
+        (
+            {"target_large_share": 0.3, "calibrate": {"max_step": 0}},
+            "policies.p.calibrate.max_step",
+        ),
+        ({"target_large_share": 0.3, "calibrate": {"enabled": False}}, "needs reference_trace"),
+    ],
+)
 def test_config_mistakes_name_their_key(params: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        config_from_dict({"tiers": TIERS, "default_policy": "p",
-                          "policies": {"p": {"type": "threshold", **params}}}, environ={})
+        config_from_dict(
+            {
+                "tiers": TIERS,
+                "default_policy": "p",
+                "policies": {"p": {"type": "threshold", **params}},
+            },
+            environ={},
+        )
 
 
 # --- replay: the share holds when the traffic moves ----------------------------------------------
 
 
 def test_replay_holds_the_share_through_a_shift_on_two_replicas() -> None:
-    policy = build({"target_large_share": 0.3,
-                    "calibrate": {"start_threshold": 0.5, "warmup_requests": 100}})
+    policy = build(
+        {"target_large_share": 0.3, "calibrate": {"start_threshold": 0.5, "warmup_requests": 100}}
+    )
     rng = np.random.default_rng(5)
     # Benchmark-like scores, then chat-like ones scored much higher (as ShareGPT prompts are).
     scores = np.concatenate([stream(rng, 3000, 2, 5), stream(rng, 3000, 5, 2)])
@@ -263,8 +297,9 @@ def test_replay_holds_the_share_through_a_shift_on_two_replicas() -> None:
 def test_simulator_replays_the_calibrating_policy() -> None:
     from simulations.replay import TierPrices, decide
 
-    policy = build({"target_large_share": 0.3,
-                    "calibrate": {"start_threshold": 0.9, "warmup_requests": 50}})
+    policy = build(
+        {"target_large_share": 0.3, "calibrate": {"start_threshold": 0.9, "warmup_requests": 50}}
+    )
     scores = np.random.default_rng(6).beta(2, 5, 2000)
     from backends.config import Price
 
@@ -301,8 +336,10 @@ def test_the_shared_state_works_on_a_redis_cluster(redis_cluster) -> None:
 
 
 def test_a_replay_in_batches_goes_on_where_the_last_batch_ended() -> None:
-    params = {"target_large_share": 0.3, "calibrate": {"start_threshold": 0.5,
-                                                       "warmup_requests": 30}}
+    params = {
+        "target_large_share": 0.3,
+        "calibrate": {"start_threshold": 0.5, "warmup_requests": 30},
+    }
     scores = np.random.default_rng(8).beta(2, 5, 1000)
     whole = replay_decisions(build(params), scores, replicas=2)
     policy = build(params)

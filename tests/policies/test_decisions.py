@@ -71,15 +71,17 @@ def test_random_share_and_replayable() -> None:
     assert batch[:500].astype(bool).tolist() == singles
     # Same seed, same draws, in a fresh object (a restart).
     again = RandomPolicy("r", "s", "l", 0.25, seed="x").decide_batch(
-        np.zeros(500), BatchContext(units=ids[:500]))
+        np.zeros(500), BatchContext(units=ids[:500])
+    )
     assert again.tolist() == batch[:500].tolist()
 
 
 def test_random_ignores_score_and_default_units_are_row_numbers() -> None:
     p = RandomPolicy("r", "s", "l", 0.5)
     rows = p.decide_batch(np.linspace(0, 1, 200))
-    singles = [p.tiers().index(p.decide(RoutingContext(score=1.0, unit=str(i))).tier)
-               for i in range(200)]
+    singles = [
+        p.tiers().index(p.decide(RoutingContext(score=1.0, unit=str(i))).tier) for i in range(200)
+    ]
     assert rows.tolist() == singles
     assert RandomPolicy("r", "s", "l", 0.0).decide_batch(np.ones(100)).sum() == 0
     assert RandomPolicy("r", "s", "l", 1.0).decide_batch(np.zeros(100)).sum() == 100

@@ -23,7 +23,9 @@ from tests.support.proxy import ProxyThread, tier
 from tests.support.waiting import wait_for
 
 PROMPTS = [
-    "hi", "What is 2+2?", "Name a colour.",
+    "hi",
+    "What is 2+2?",
+    "Name a colour.",
     "Prove that there are infinitely many primes and derive the prime number theorem in detail.",
     "Write a Python function implementing a red-black tree with deletion; analyse complexity.",
     "Explain the CAP theorem with a worked example of a partition in a replicated database.",
@@ -51,18 +53,26 @@ def _config(small: str, large: str, traces: Path, with_experiment: bool) -> dict
         },
     }
     if with_experiment:
-        doc["experiments"] = [{
-            "name": "route-vs-large", "unit": "user", "salt": "e2e",
-            "arms": {"control": {"policy": "current", "weight": 1},
-                     "treatment": {"policy": "routed", "weight": 1}},
-        }]
+        doc["experiments"] = [
+            {
+                "name": "route-vs-large",
+                "unit": "user",
+                "salt": "e2e",
+                "arms": {
+                    "control": {"policy": "current", "weight": 1},
+                    "treatment": {"policy": "routed", "weight": 1},
+                },
+            }
+        ]
     return doc
 
 
 @pytest.fixture()
 def upstreams():
-    with running_echo_upstream("--delay-ms", "2") as small, \
-            running_echo_upstream("--delay-ms", "25") as large:
+    with (
+        running_echo_upstream("--delay-ms", "2") as small,
+        running_echo_upstream("--delay-ms", "25") as large,
+    ):
         yield small, large
 
 
@@ -81,7 +91,8 @@ def test_experiment_through_proxy_to_report(tmp_path: Path, upstreams) -> None:
         for i in range(60):
             user = f"user-{i % 24}"
             raw = client.chat.completions.with_raw_response.create(
-                model="auto", user=user,
+                model="auto",
+                user=user,
                 messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
             )
             completion = raw.parse()
@@ -98,7 +109,8 @@ def test_experiment_through_proxy_to_report(tmp_path: Path, upstreams) -> None:
 
         # An explicit policy bypasses the experiment.
         raw = client.chat.completions.with_raw_response.create(
-            model="router:routed", user="user-0", messages=[{"role": "user", "content": "hi"}])
+            model="router:routed", user="user-0", messages=[{"role": "user", "content": "hi"}]
+        )
         assert "x-router-arm" not in raw.headers and raw.headers["x-router-policy"] == "routed"
 
         # Feedback: the treatment answers rated lower; bad ids and scores rejected.
@@ -107,8 +119,10 @@ def test_experiment_through_proxy_to_report(tmp_path: Path, upstreams) -> None:
                 score = 0.9 if arm == "control" else 0.6
                 r = http.post("/v1/feedback", json={"request_id": rid, "score": score})
                 assert r.status_code == 200, r.text
-            assert http.post("/v1/feedback", json={"request_id": "nope", "score": 1}
-                             ).status_code == 404
+            assert (
+                http.post("/v1/feedback", json={"request_id": "nope", "score": 1}).status_code
+                == 404
+            )
             r = http.post("/v1/feedback", json={"request_id": next(iter(ids)), "score": 7})
             assert r.status_code == 400 and r.json()["error"]["param"] == "score"
             metrics = http.get("/metrics").text
@@ -120,14 +134,16 @@ def test_experiment_through_proxy_to_report(tmp_path: Path, upstreams) -> None:
         cfg_path.write_text("policies: [broken")
         wait_for(lambda: reloader.failures > rejected, timeout_s=15, what="rejecting the edit")
         raw = client.chat.completions.with_raw_response.create(
-            model="auto", user="user-1", messages=[{"role": "user", "content": "hi"}])
+            model="auto", user="user-1", messages=[{"role": "user", "content": "hi"}]
+        )
         assert raw.headers.get("x-router-arm") == seen["user-1"]
         counts[seen["user-1"]] += 1
         applied = reloader.reloads
         cfg_path.write_text(yaml.safe_dump(_config(small, large, traces, False)))
         wait_for(lambda: reloader.reloads > applied, timeout_s=15, what="the edit's reload")
         raw = client.chat.completions.with_raw_response.create(
-            model="auto", user="user-1", messages=[{"role": "user", "content": "hi"}])
+            model="auto", user="user-1", messages=[{"role": "user", "content": "hi"}]
+        )
         assert "x-router-arm" not in raw.headers and raw.headers["x-router-policy"] == "current"
         proxy.traces(expect=sum(counts.values()) + 2)
 
@@ -143,8 +159,19 @@ def test_experiment_through_proxy_to_report(tmp_path: Path, upstreams) -> None:
     assert diffs["feedback"].p_value < 0.001 and diffs["cost_per_1k"].p_value < 0.001
 
     out = tmp_path / "ab.html"
-    res = CliRunner().invoke(cli, ["ab", "report", "--traces", str(traces), "--experiment",
-                                   "route-vs-large", "--out", str(out)])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "ab",
+            "report",
+            "--traces",
+            str(traces),
+            "--experiment",
+            "route-vs-large",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "treatment - control" in res.output and out.exists()
     (tmp_path / "report.txt").write_text(res.output)

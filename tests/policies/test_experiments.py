@@ -11,12 +11,16 @@ from datetime import UTC, datetime
 import pytest
 from scipy.stats import chisquare
 
-from policies.config import ConfigError, ExperimentConfig
+from policies.config import ExperimentConfig
 from policies.experiments import Experiment, ExperimentSet, UnitContext
 from router.config import config_from_dict
+from trace_format.config_base import ConfigError
 
-ARMS = {"control": {"policy": "a", "weight": 1}, "treatment": {"policy": "b", "weight": 3},
-        "baseline": {"policy": "a", "weight": 1}}
+ARMS = {
+    "control": {"policy": "a", "weight": 1},
+    "treatment": {"policy": "b", "weight": 3},
+    "baseline": {"policy": "a", "weight": 1},
+}
 
 
 def _exp(**kw) -> ExperimentConfig:
@@ -36,8 +40,12 @@ print(json.dumps([exp.arm_for(f"team-{i}") for i in range(2000)]))
 def _in_new_process(cfg: ExperimentConfig, hash_seed: str) -> list[str]:
     # A different PYTHONHASHSEED per process: Python's hash() would differ, ours must not.
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, cfg.model_dump_json()], check=True, capture_output=True,
-        text=True, timeout=60, env={"PYTHONHASHSEED": hash_seed, "PATH": ""},
+        [sys.executable, "-c", _CHILD, cfg.model_dump_json()],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONHASHSEED": hash_seed, "PATH": ""},
     )
     return json.loads(out.stdout)
 
@@ -100,12 +108,25 @@ def test_start_stop_window_and_team_filter() -> None:
 
 
 def test_experiment_config_validation_names_key() -> None:
-    tiers = [{"name": "s", "base_url": "http://x", "model": "m",
-              "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]
-    base = {"tiers": tiers, "policies": {"a": {"type": "fixed", "tier": "s"}},
-            "default_policy": "a"}
-    bad_stop = {"name": "e", "arms": {"x": {"policy": "a", "weight": 1}},
-                "start": "2026-02-01", "stop": "2026-01-01"}
+    tiers = [
+        {
+            "name": "s",
+            "base_url": "http://x",
+            "model": "m",
+            "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+        }
+    ]
+    base = {
+        "tiers": tiers,
+        "policies": {"a": {"type": "fixed", "tier": "s"}},
+        "default_policy": "a",
+    }
+    bad_stop = {
+        "name": "e",
+        "arms": {"x": {"policy": "a", "weight": 1}},
+        "start": "2026-02-01",
+        "stop": "2026-01-01",
+    }
     with pytest.raises(ConfigError, match="stop must be after start"):
         config_from_dict({**base, "experiments": [bad_stop]})
     unknown = {"name": "e", "arms": {"x": {"policy": "zzz", "weight": 1}}}

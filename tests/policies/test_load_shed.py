@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from backends.base import TierLoad
 from policies.base import BatchContext, Policy, RoutingContext, Tunable
-from policies.config import ConfigError
 from policies.load_shed import LoadShedPolicy
 from policies.registry import build_policies
 from policies.threshold import ThresholdPolicy
 from router.config import config_from_dict
+from trace_format.config_base import ConfigError
 
 PRICES = {
     "small": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
@@ -130,10 +130,12 @@ def test_registry_without_option_is_the_plain_threshold() -> None:
 
 @pytest.mark.parametrize(
     ("option", "key"),
-    [({"max_waitng": 3, "margin": 0.1}, "load_shed.max_waitng"),
-     ({"max_waiting": 3, "margin": 0}, "load_shed.margin"),
-     ({"max_waiting": -1, "margin": 0.1}, "load_shed.max_waiting")],
-)  # fmt: skip
+    [
+        ({"max_waitng": 3, "margin": 0.1}, "load_shed.max_waitng"),
+        ({"max_waiting": 3, "margin": 0}, "load_shed.margin"),
+        ({"max_waiting": -1, "margin": 0.1}, "load_shed.max_waiting"),
+    ],
+)
 def test_registry_names_bad_load_shed_keys(option: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=f"policies.shed.{key}"):
         _built(_config(option))

@@ -20,8 +20,14 @@ def _simulate(policy, scores: np.ndarray, bursty: bool = False) -> tuple[float, 
     # A bursty team sends 60% of its traffic in the first fifth of the period.
     times = np.linspace(0, 1, N, endpoint=False)
     if bursty:
-        times = np.sort(np.concatenate([np.linspace(0, 0.2, int(N * 0.6), endpoint=False),
-                                        np.linspace(0.2, 1, N - int(N * 0.6), endpoint=False)]))
+        times = np.sort(
+            np.concatenate(
+                [
+                    np.linspace(0, 0.2, int(N * 0.6), endpoint=False),
+                    np.linspace(0.2, 1, N - int(N * 0.6), endpoint=False),
+                ]
+            )
+        )
     for score, t in zip(scores, times, strict=True):
         view = BudgetView(limit_usd=LIMIT, spent_usd=spent, reserved_usd=0.0, period_elapsed=t)
         tier = policy.decide(RoutingContext(score=float(score), team="a", budget=view)).tier
@@ -72,9 +78,14 @@ def test_pacing_through_the_proxy_with_redis_budgets(tmp_path) -> None:
     prefix = random_prefix()
     with running_echo_upstream() as url:
         config = make_config(
-            [tier("small", url, price=(1, 1)), tier("large", url, price=(2, 2))], tmp_path,
-            budgets={"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix,
-                     "view_cache_s": 0},
+            [tier("small", url, price=(1, 1)), tier("large", url, price=(2, 2))],
+            tmp_path,
+            budgets={
+                "store": "redis",
+                "redis_url": REDIS_URL,
+                "key_prefix": prefix,
+                "view_cache_s": 0,
+            },
             teams={"default": {"budget": {"limit_usd": 1.0, "period": "total"}}},
             default_policy="paced",
             policies={"paced": {"type": "budget_pacing", "threshold": 0.0, "slack": 0.2}},
@@ -90,8 +101,10 @@ def test_pacing_through_the_proxy_with_redis_budgets(tmp_path) -> None:
                 await other_replica.aclose()
 
         def tier_now(http: httpx.Client) -> str:
-            r = http.post("/v1/chat/completions", json={
-                "model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+            r = http.post(
+                "/v1/chat/completions",
+                json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+            )
             assert r.status_code == 200, r.text
             return r.headers["x-router-tier"]
 

@@ -118,8 +118,13 @@ def _queues(policy: Any) -> st.SearchStrategy[float]:
 @st.composite
 def batches(draw: st.DrawFn, policy: Any) -> tuple[np.ndarray, BatchContext]:
     budget = draw(BUDGETS)
-    scores = draw(st.lists(st.one_of(st.floats(0, 1), st.sampled_from(_probes(policy, budget))),
-                           min_size=1, max_size=40))
+    scores = draw(
+        st.lists(
+            st.one_of(st.floats(0, 1), st.sampled_from(_probes(policy, budget))),
+            min_size=1,
+            max_size=40,
+        )
+    )
     n = len(scores)
     units = draw(st.lists(st.text(max_size=12), min_size=n, max_size=n))
     waiting = {
@@ -171,20 +176,24 @@ def test_decide_batch_equals_decide(kind: str, params: dict[str, Any], data: st.
 
 
 @pytest.mark.parametrize(("kind", "params"), CASES)
-def test_no_context_is_row_numbers_without_budget_or_load(kind: str, params: dict[str, Any]
-                                                          ) -> None:  # fmt: skip
+def test_no_context_is_row_numbers_without_budget_or_load(
+    kind: str, params: dict[str, Any]
+) -> None:
     policy = build(kind, params)
     scores = np.random.default_rng(5).random(300)
-    rows = [policy.decide(RoutingContext(score=float(s), unit=str(i))).tier
-            for i, s in enumerate(scores)]
+    rows = [
+        policy.decide(RoutingContext(score=float(s), unit=str(i))).tier
+        for i, s in enumerate(scores)
+    ]
     assert [policy.tiers()[k] for k in policy.decide_batch(scores)] == rows
 
 
 @pytest.mark.parametrize(("kind", "params"), CASES)
 @settings(max_examples=30, deadline=None)
 @given(t=st.floats(0, 1), data=st.data())
-def test_tunable_threshold_round_trips(kind: str, params: dict[str, Any], t: float,
-                                       data: st.DataObject) -> None:  # fmt: skip
+def test_tunable_threshold_round_trips(
+    kind: str, params: dict[str, Any], t: float, data: st.DataObject
+) -> None:
     policy = build(kind, params)
     if not isinstance(policy, Tunable):
         return  # nothing to tune: a threshold is not part of its contract

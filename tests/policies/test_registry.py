@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from policies.base import Policy, RoutingContext
 from policies.budget_pacing import BudgetPacingPolicy
-from policies.config import ConfigError
 from policies.fixed import FixedPolicy
 from policies.keys import key_id_of
 from policies.registry import SPECS, build_policies
@@ -31,15 +30,28 @@ from policies.threshold import ThresholdPolicy
 from policies.tiers import TiersPolicy
 from router.cli import app
 from router.config import RouterConfig, config_from_dict
-from router.state import build_selector
+from router.proxy.state import build_selector
+from trace_format.config_base import ConfigError
 
 TIERS = [
-    {"name": "large", "base_url": "http://l", "model": "big-model",
-     "price": {"input_per_mtok": 10, "output_per_mtok": 30}},
-    {"name": "small", "base_url": "http://s", "model": "tiny-model",
-     "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6}},
-    {"name": "medium", "base_url": "http://m", "model": "mid-model",
-     "price": {"input_per_mtok": 2, "output_per_mtok": 6}},
+    {
+        "name": "large",
+        "base_url": "http://l",
+        "model": "big-model",
+        "price": {"input_per_mtok": 10, "output_per_mtok": 30},
+    },
+    {
+        "name": "small",
+        "base_url": "http://s",
+        "model": "tiny-model",
+        "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
+    },
+    {
+        "name": "medium",
+        "base_url": "http://m",
+        "model": "mid-model",
+        "price": {"input_per_mtok": 2, "output_per_mtok": 6},
+    },
 ]
 
 
@@ -62,12 +74,16 @@ def test_default_threshold_comes_from_classifier_card(tmp_path: Path) -> None:
     (tmp_path / "m.json").write_text('{"default_threshold": 0.23}')
     cfg = _cfg(classifier={"model_path": str(tmp_path / "m.onnx")})
     assert _built(cfg)["balanced"].threshold == 0.23
-    cfg = _cfg(classifier={"model_path": str(tmp_path / "m.onnx")},
-               policies={"balanced": {"type": "threshold"}})
+    cfg = _cfg(
+        classifier={"model_path": str(tmp_path / "m.onnx")},
+        policies={"balanced": {"type": "threshold"}},
+    )
     assert _built(cfg)["balanced"].threshold == 0.23
     (tmp_path / "m.json").write_text('{"default_threshold": "high"}')
-    assert _built(_cfg(classifier={"model_path": str(tmp_path / "m.onnx")})
-                          )["balanced"].threshold == 0.5
+    assert (
+        _built(_cfg(classifier={"model_path": str(tmp_path / "m.onnx")}))["balanced"].threshold
+        == 0.5
+    )
 
 
 def test_single_tier_default_is_fixed() -> None:
@@ -104,30 +120,40 @@ def test_unknown_type_names_the_key_and_the_registered_types(tmp_path: Path) -> 
 
 
 def test_build_time_errors_name_the_key(tmp_path: Path) -> None:
-    bad_order = _cfg(policies={"balanced": {"type": "tiers", "tiers": ["large", "small"],
-                                            "thresholds": [0.5]}})
+    bad_order = _cfg(
+        policies={"balanced": {"type": "tiers", "tiers": ["large", "small"], "thresholds": [0.5]}}
+    )
     with pytest.raises(ConfigError, match=r"policies\.balanced\.tiers: must be ordered cheapest"):
         _built(bad_order)
     swapped = _cfg(policies={"balanced": {"type": "threshold", "small": "large", "large": "small"}})
     with pytest.raises(ConfigError, match=r"policies\.balanced\.small"):
         _built(swapped)
-    missing = _cfg(policies={"balanced": {"type": "threshold", "target_large_share": 0.2,
-                                          "reference_trace": str(tmp_path / "none.jsonl")}})
+    missing = _cfg(
+        policies={
+            "balanced": {
+                "type": "threshold",
+                "target_large_share": 0.2,
+                "reference_trace": str(tmp_path / "none.jsonl"),
+            }
+        }
+    )
     with pytest.raises(ConfigError, match=r"policies\.balanced\.reference_trace: cannot read"):
         _built(missing)
 
 
 def test_every_type_builds() -> None:
-    pols = _built(_cfg(
-        default_policy="th",
-        policies={
-            "th": {"type": "threshold", "threshold": 0.3},
-            "three": {"type": "tiers", "thresholds": [0.3, 0.8]},
-            "pace": {"type": "budget_pacing", "threshold": 0.4, "max_threshold": 0.9},
-            "ctl": {"type": "fixed", "tier": "large"},
-            "rnd": {"type": "random", "p": 0.2, "small": "medium"},
-        },
-    ))
+    pols = _built(
+        _cfg(
+            default_policy="th",
+            policies={
+                "th": {"type": "threshold", "threshold": 0.3},
+                "three": {"type": "tiers", "thresholds": [0.3, 0.8]},
+                "pace": {"type": "budget_pacing", "threshold": 0.4, "max_threshold": 0.9},
+                "ctl": {"type": "fixed", "tier": "large"},
+                "rnd": {"type": "random", "p": 0.2, "small": "medium"},
+            },
+        )
+    )
     assert isinstance(pols["three"], TiersPolicy)
     assert pols["three"].tiers() == ["small", "medium", "large"]
     assert isinstance(pols["pace"], BudgetPacingPolicy) and pols["pace"].max_threshold == 0.9
@@ -138,18 +164,26 @@ def test_every_type_builds() -> None:
 def _trace(path: Path, scores: np.ndarray) -> Path:
     with path.open("wb") as fh:
         for i, s in enumerate(scores):
-            fh.write(orjson.dumps({"schema_version": 1, "id": f"r{i}", "time": 0.0,
-                                   "score": float(s)}) + b"\n")
+            fh.write(
+                orjson.dumps({"schema_version": 1, "id": f"r{i}", "time": 0.0, "score": float(s)})
+                + b"\n"
+            )
     return path
 
 
 def test_target_share_converted_on_reference_trace(tmp_path: Path, caplog) -> None:
     scores = np.random.default_rng(3).beta(2, 5, 4000)
     ref = _trace(tmp_path / "ref.jsonl", scores)
-    cfg = _cfg(policies={
-        "balanced": {"type": "threshold", "target_large_share": 0.25, "reference_trace": str(ref)},
-        "three": {"type": "tiers", "target_shares": [0.5, 0.1], "reference_trace": str(ref)},
-    })
+    cfg = _cfg(
+        policies={
+            "balanced": {
+                "type": "threshold",
+                "target_large_share": 0.25,
+                "reference_trace": str(ref),
+            },
+            "three": {"type": "tiers", "target_shares": [0.5, 0.1], "reference_trace": str(ref)},
+        }
+    )
     with caplog.at_level(logging.INFO, logger="cost_router.policies"):
         pols = _built(cfg)
     t = pols["balanced"].threshold
@@ -174,17 +208,26 @@ def test_reference_trace_goes_through_the_trace_reader(tmp_path: Path) -> None:
 def test_rescore_scores_prompts_and_messages_as_the_proxy_does(tmp_path: Path) -> None:
     from classifiers.inference import DifficultyScorer
 
-    messages = [{"role": "system", "content": "be brief"},
-                {"role": "user", "content": "Prove that there are infinitely many primes."}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "Prove that there are infinitely many primes."},
+    ]
     ref = tmp_path / "ref.jsonl"
-    ref.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [
-        {"id": "a", "time": 0, "prompt": "What is 2 + 2?", "score": 0.9},
-        {"id": "b", "time": 0, "messages": messages},
-        {"id": "c", "time": 0},  # no content: skipped
-    ]))
+    ref.write_bytes(
+        b"".join(
+            orjson.dumps(r) + b"\n"
+            for r in [
+                {"id": "a", "time": 0, "prompt": "What is 2 + 2?", "score": 0.9},
+                {"id": "b", "time": 0, "messages": messages},
+                {"id": "c", "time": 0},  # no content: skipped
+            ]
+        )
+    )
     scorer = DifficultyScorer.load()
-    want = [scorer.score_request({"prompt": "What is 2 + 2?"}),
-            scorer.score_request({"messages": messages})]
+    want = [
+        scorer.score_request({"prompt": "What is 2 + 2?"}),
+        scorer.score_request({"messages": messages}),
+    ]
     assert load_reference_scores(ref, rescore=True).tolist() == want
     assert load_reference_scores(ref).tolist() == [0.9]
 
@@ -208,9 +251,18 @@ def _selector_cfg():
         },
         teams={"red": {"policy": "cheap"}, "green": {"policy": "cheap"}},
         keys=[{"key_sha256": key, "team": "red", "policy": "keyed"}],
-        experiments=[{"name": "exp", "unit": "team", "teams": ["green"], "salt": "x",
-                      "arms": {"a": {"policy": "balanced", "weight": 1},
-                               "b": {"policy": "pricey", "weight": 1}}}],
+        experiments=[
+            {
+                "name": "exp",
+                "unit": "team",
+                "teams": ["green"],
+                "salt": "x",
+                "arms": {
+                    "a": {"policy": "balanced", "weight": 1},
+                    "b": {"policy": "pricey", "weight": 1},
+                },
+            }
+        ],
     )
 
 

@@ -16,21 +16,33 @@ import yaml
 
 from policies.selection import PolicySelector
 from router.config import RouterConfig, load_config
-from router.reload import ConfigReloader, describe_changes
-from router.state import build_selector
+from router.proxy.reload import ConfigReloader, describe_changes
+from router.proxy.state import build_selector
 from tests.support.waiting import wait_for
 
 TIERS = [
-    {"name": "small", "base_url": "http://s", "model": "s",
-     "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6}},
-    {"name": "large", "base_url": "http://l", "model": "l",
-     "price": {"input_per_mtok": 10, "output_per_mtok": 30}},
+    {
+        "name": "small",
+        "base_url": "http://s",
+        "model": "s",
+        "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
+    },
+    {
+        "name": "large",
+        "base_url": "http://l",
+        "model": "l",
+        "price": {"input_per_mtok": 10, "output_per_mtok": 30},
+    },
 ]
 
 
 def _doc(threshold: float, **extra: Any) -> dict[str, Any]:
-    return {"tiers": TIERS, "default_policy": "main",
-            "policies": {"main": {"type": "threshold", "threshold": threshold}}, **extra}
+    return {
+        "tiers": TIERS,
+        "default_policy": "main",
+        "policies": {"main": {"type": "threshold", "threshold": threshold}},
+        **extra,
+    }
 
 
 class Holder:
@@ -53,8 +65,11 @@ def env(tmp_path: Path):
     path.write_text(yaml.safe_dump(_doc(0.5)))
     holder = Holder(path)
     # No quiet period: each check_file() applies what it sees (the debounce has its own tests).
-    return path, holder, ConfigReloader(path, lambda: holder.config, holder.apply, interval_s=0.05,
-                                        debounce_s=0)
+    return (
+        path,
+        holder,
+        ConfigReloader(path, lambda: holder.config, holder.apply, interval_s=0.05, debounce_s=0),
+    )
 
 
 def _write(path: Path, text: str) -> None:
@@ -69,9 +84,21 @@ BAD_FILES = [
     (yaml.safe_dump(_doc(1.7)), "policies.main.threshold"),
     (yaml.safe_dump({**_doc(0.5), "policies": {"main": {"type": "nope"}}}), "policies.main.type"),
     (yaml.safe_dump(_doc(0.5, teams={"red": {"policy": "ghost"}})), "teams.red.policy"),
-    (yaml.safe_dump({**_doc(0.5), "policies": {"main": {
-        "type": "threshold", "target_large_share": 0.3, "reference_trace": "/nonexistent.jsonl"}}}),
-     "policies.main.reference_trace"),
+    (
+        yaml.safe_dump(
+            {
+                **_doc(0.5),
+                "policies": {
+                    "main": {
+                        "type": "threshold",
+                        "target_large_share": 0.3,
+                        "reference_trace": "/nonexistent.jsonl",
+                    }
+                },
+            }
+        ),
+        "policies.main.reference_trace",
+    ),
 ]
 
 
@@ -150,12 +177,15 @@ def test_sighup_reloads_real_server(tmp_path: Path) -> None:
     from tests.support.proxy import stop_process, tier, wait_http
 
     def doc(fixed: str, url: str) -> str:
-        return yaml.safe_dump({
-            "tiers": [tier("small", url, price=(1, 1)), tier("large", url, price=(10, 10))],
-            "traces": {"path": str(tmp_path / "traces" / "requests.jsonl")},
-            "signals": {"enabled": False}, "default_policy": "a",
-            "policies": {"a": {"type": "fixed", "tier": fixed}},
-        })
+        return yaml.safe_dump(
+            {
+                "tiers": [tier("small", url, price=(1, 1)), tier("large", url, price=(10, 10))],
+                "traces": {"path": str(tmp_path / "traces" / "requests.jsonl")},
+                "signals": {"enabled": False},
+                "default_policy": "a",
+                "policies": {"a": {"type": "fixed", "tier": fixed}},
+            }
+        )
 
     with running_echo_upstream() as url:
         cfg = tmp_path / "router.yaml"
@@ -163,26 +193,45 @@ def test_sighup_reloads_real_server(tmp_path: Path) -> None:
         port = free_port()
         log = (tmp_path / "proxy.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "router.cli", "serve", "--config", str(cfg), "--port",
-             str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "router.cli",
+                "serve",
+                "--config",
+                str(cfg),
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/healthz", 60, proc)
 
             def tier_now() -> str:
-                r = httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
-                    "model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+                r = httpx.post(
+                    f"{base}/v1/chat/completions",
+                    timeout=10,
+                    json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+                )
                 return r.headers["x-router-tier"]
 
             assert tier_now() == "small"
             cfg.write_text(doc("large", url))
             proc.send_signal(signal.SIGHUP)
-            wait_for(lambda: tier_now() == "large", 10, "the SIGHUP reload to route to large",
-                     poll_s=0.1)
+            wait_for(
+                lambda: tier_now() == "large", 10, "the SIGHUP reload to route to large", poll_s=0.1
+            )
             cfg.write_text("policies: [broken")
             proc.send_signal(signal.SIGHUP)
-            wait_for(lambda: "rejected" in (tmp_path / "proxy.log").read_text(), 10,
-                     "the SIGHUP reload to reject the broken file")
+            wait_for(
+                lambda: "rejected" in (tmp_path / "proxy.log").read_text(),
+                10,
+                "the SIGHUP reload to reject the broken file",
+            )
             assert tier_now() == "large"
             assert "keeping the running config" in (tmp_path / "proxy.log").read_text()
         finally:
@@ -200,8 +249,11 @@ def test_a_change_is_applied_only_once_the_file_stops_changing(tmp_path: Path) -
     _write(path, yaml.safe_dump(_doc(0.3)))  # still being written: the quiet period restarts
     assert asyncio.run(reloader.check_file()) is None and holder.threshold() == 0.5
     applied: list[bool | None] = []
-    wait_for(lambda: applied.append(asyncio.run(reloader.check_file())) or applied[-1], 10,
-             "the settled file to be applied")
+    wait_for(
+        lambda: applied.append(asyncio.run(reloader.check_file())) or applied[-1],
+        10,
+        "the settled file to be applied",
+    )
     assert holder.threshold() == 0.3 and reloader.reloads == 1 and not reloader.settling
     assert applied[:-1] and set(applied[:-1]) == {None}  # never before the quiet period ended
 
@@ -209,8 +261,11 @@ def test_a_change_is_applied_only_once_the_file_stops_changing(tmp_path: Path) -
 def test_reload_logs_what_changed_without_key_hashes(env, caplog) -> None:
     path, holder, reloader = env
     digest = "ab" * 32
-    doc = _doc(0.3, teams={"red": {"policy": "main"}},
-               keys=[{"key_sha256": digest, "team": "red", "name": "ci"}])
+    doc = _doc(
+        0.3,
+        teams={"red": {"policy": "main"}},
+        keys=[{"key_sha256": digest, "team": "red", "name": "ci"}],
+    )
     doc["policies"]["cheap"] = {"type": "fixed", "tier": "small"}
     _write(path, yaml.safe_dump(doc))
     with caplog.at_level(logging.INFO, logger="cost_router.reload"):
@@ -222,8 +277,9 @@ def test_reload_logs_what_changed_without_key_hashes(env, caplog) -> None:
     before = holder.config
     doc["teams"] = {"blue": {}}
     doc["keys"] = [{"key_sha256": digest, "team": "blue"}]
-    after = holder.config.model_validate({**before.model_dump(mode="json"), "teams": doc["teams"],
-                                          "keys": doc["keys"]})
+    after = holder.config.model_validate(
+        {**before.model_dump(mode="json"), "teams": doc["teams"], "keys": doc["keys"]}
+    )
     assert describe_changes(before, after) == f"teams +blue -red; keys ~{digest[:16]}"
     assert describe_changes(before, before) == "no routing changes"
 
@@ -246,8 +302,10 @@ def test_a_file_written_in_two_steps_never_drops_teams_and_keys(tmp_path: Path) 
             "server": {"reload_debounce_s": 2.0},
             "tiers": [tier("small", url), tier("large", url, price=(10, 10))],
             "traces": {"path": str(tmp_path / "traces" / "requests.jsonl")},
-            "signals": {"enabled": False}, "auth": {"required": True},
-            "default_policy": "a", "policies": {"a": {"type": "fixed", "tier": fixed}},
+            "signals": {"enabled": False},
+            "auth": {"required": True},
+            "default_policy": "a",
+            "policies": {"a": {"type": "fixed", "tier": fixed}},
         }
         if with_keys:
             data["teams"] = {"alpha": {}}
@@ -265,9 +323,11 @@ def test_a_file_written_in_two_steps_never_drops_teams_and_keys(tmp_path: Path) 
             def load() -> None:
                 with httpx.Client(base_url=proxy.url, timeout=10) as client:
                     while not done.is_set():
-                        r = client.post("/v1/chat/completions", headers={
-                            "authorization": f"Bearer {key}"}, json={
-                            "model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+                        r = client.post(
+                            "/v1/chat/completions",
+                            headers={"authorization": f"Bearer {key}"},
+                            json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+                        )
                         statuses.append((r.status_code, r.headers.get("x-router-tier", "")))
 
             worker = threading.Thread(target=load, daemon=True)
@@ -280,13 +340,15 @@ def test_a_file_written_in_two_steps_never_drops_teams_and_keys(tmp_path: Path) 
                     fh.write(first)
                     fh.flush()
                     # The watcher has seen the first step (or, without a debounce, applied it).
-                    wait_for(lambda: reloader.reloads > 0 or getattr(reloader, "settling", False),
-                             20, "the watcher to see the first step")
+                    wait_for(
+                        lambda: reloader.reloads > 0 or getattr(reloader, "settling", False),
+                        20,
+                        "the watcher to see the first step",
+                    )
                     fh.seek(0)
                     fh.write(final)
                     fh.truncate()
-                wait_for(lambda: statuses[-1] == (200, "large"), 20,
-                         "the final file to be applied")
+                wait_for(lambda: statuses[-1] == (200, "large"), 20, "the final file to be applied")
             finally:
                 done.set()
                 worker.join(timeout=15)

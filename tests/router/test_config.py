@@ -10,17 +10,26 @@ import yaml
 from typer.testing import CliRunner
 
 from router.cli import app as cli
-from router.config import ConfigError, config_from_dict, load_config
+from router.config import config_from_dict, load_config
+from trace_format.config_base import ConfigError
 
 BASE = {
     "server": {"port": 8080},
     "tiers": [
-        {"name": "small", "base_url": "http://127.0.0.1:9/v1", "model": "s",
-         "price": {"input_per_mtok": 1, "output_per_mtok": 1}},
-        {"name": "large", "base_url": "http://127.0.0.1:9/v1", "model": "l",
-         "price": {"input_per_mtok": 10, "output_per_mtok": 30}},
+        {
+            "name": "small",
+            "base_url": "http://127.0.0.1:9/v1",
+            "model": "s",
+            "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+        },
+        {
+            "name": "large",
+            "base_url": "http://127.0.0.1:9/v1",
+            "model": "l",
+            "price": {"input_per_mtok": 10, "output_per_mtok": 30},
+        },
     ],
-}  # fmt: skip
+}
 
 
 def test_env_overrides_apply_to_the_config_not_to_the_callers_data() -> None:
@@ -58,8 +67,7 @@ def test_tier_problems_name_the_key(change: dict[str, object], key: str) -> None
 
 
 def test_unknown_policy_type_is_rejected_naming_the_key() -> None:
-    data = {**copy.deepcopy(BASE), "policies": {"p": {"type": "astrology"}},
-            "default_policy": "p"}  # fmt: skip
+    data = {**copy.deepcopy(BASE), "policies": {"p": {"type": "astrology"}}, "default_policy": "p"}
     with pytest.raises(ConfigError, match=r"policies\.p\.type"):
         config_from_dict(data, environ={})
 
@@ -87,15 +95,24 @@ def test_broken_yaml_names_the_file_and_line_not_a_unicode_string(tmp_path: Path
     assert f"{bad} is not valid YAML: line 4, column 7" in res.output
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({"COST_ROUTER__SERVER__PORT": "abc"},
-     "server.port (set by COST_ROUTER__SERVER__PORT): Input should be a valid integer"),
-    ({"COST_ROUTER__SERVER__PROT": "1"}, "server.prot (set by COST_ROUTER__SERVER__PROT)"),
-    ({"COST_ROUTER__SERVER__PORT": "["}, "environment variable COST_ROUTER__SERVER__PORT: not a "
-                                          "YAML value"),
-    ({"COST_ROUTER__TIERS__7__NAME": "x"}, "environment variable COST_ROUTER__TIERS__7__NAME: "
-                                            "no key tiers.7.name to set"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"COST_ROUTER__SERVER__PORT": "abc"},
+            "server.port (set by COST_ROUTER__SERVER__PORT): Input should be a valid integer",
+        ),
+        ({"COST_ROUTER__SERVER__PROT": "1"}, "server.prot (set by COST_ROUTER__SERVER__PROT)"),
+        (
+            {"COST_ROUTER__SERVER__PORT": "["},
+            "environment variable COST_ROUTER__SERVER__PORT: not a YAML value",
+        ),
+        (
+            {"COST_ROUTER__TIERS__7__NAME": "x"},
+            "environment variable COST_ROUTER__TIERS__7__NAME: no key tiers.7.name to set",
+        ),
+    ],
+)
 def test_a_bad_environment_override_names_the_variable_not_the_file(
     tmp_path: Path, env: dict[str, str], expected: str
 ) -> None:

@@ -23,18 +23,29 @@ PRICE = {"small": 0.0005, "large": 0.01}  # USD per request
 LAT = {"small": 100.0, "large": 400.0}
 
 
-def _records(arm: str, n: int, p_large: float, rng: np.random.Generator, fb_mean: float,
-             start: int = 0) -> list[dict]:
+def _records(
+    arm: str, n: int, p_large: float, rng: np.random.Generator, fb_mean: float, start: int = 0
+) -> list[dict]:
     out = []
     for i in range(n):
         tier = "large" if rng.random() < p_large else "small"
-        out.append({
-            "schema_version": 1, "id": f"{arm}-{start + i}", "time": float(i),
-            "experiment": "exp", "arm": arm, "policy": arm, "tier": tier,
-            "prompt_tokens": 100, "completion_tokens": 100, "cost_usd": PRICE[tier],
-            "latency_ms": float(rng.exponential(LAT[tier])), "status": 200,
-            "feedback": float(np.clip(rng.normal(fb_mean, 0.2), 0, 1)),
-        })
+        out.append(
+            {
+                "schema_version": 1,
+                "id": f"{arm}-{start + i}",
+                "time": float(i),
+                "experiment": "exp",
+                "arm": arm,
+                "policy": arm,
+                "tier": tier,
+                "prompt_tokens": 100,
+                "completion_tokens": 100,
+                "cost_usd": PRICE[tier],
+                "latency_ms": float(rng.exponential(LAT[tier])),
+                "status": 200,
+                "feedback": float(np.clip(rng.normal(fb_mean, 0.2), 0, 1)),
+            }
+        )
     return out
 
 
@@ -52,8 +63,13 @@ def test_detects_real_difference_and_cis_cover_truth() -> None:
         assert arms[arm].latency_p50.low < arms[arm].latency_p50.value < arms[arm].latency_p50.high
     assert arms["treat"].traffic.low <= 0.5 <= arms["treat"].traffic.high
     diffs = {c.metric: c for c in rep.comparisons}
-    assert set(diffs) == {"large_share", "cost_per_1k", "latency_p50_ms", "latency_p95_ms",
-                          "feedback"}
+    assert set(diffs) == {
+        "large_share",
+        "cost_per_1k",
+        "latency_p50_ms",
+        "latency_p95_ms",
+        "feedback",
+    }
     for metric in ("large_share", "cost_per_1k", "feedback", "latency_p95_ms"):
         assert diffs[metric].p_value < 0.001, metric
         assert diffs[metric].diff.low > 0, metric
@@ -86,10 +102,26 @@ def test_identical_arms_not_significant() -> None:
 
 def test_feedback_file_overrides_and_errors_excluded_from_latency() -> None:
     recs = [
-        {"id": "1", "experiment": "exp", "arm": "a", "tier": "small", "cost_usd": 0.001,
-         "latency_ms": 10.0, "status": 200, "prompt_tokens": 1, "completion_tokens": 1},
-        {"id": "2", "experiment": "exp", "arm": "a", "tier": "small", "cost_usd": 0.0,
-         "latency_ms": 9000.0, "status": 502},
+        {
+            "id": "1",
+            "experiment": "exp",
+            "arm": "a",
+            "tier": "small",
+            "cost_usd": 0.001,
+            "latency_ms": 10.0,
+            "status": 200,
+            "prompt_tokens": 1,
+            "completion_tokens": 1,
+        },
+        {
+            "id": "2",
+            "experiment": "exp",
+            "arm": "a",
+            "tier": "small",
+            "cost_usd": 0.0,
+            "latency_ms": 9000.0,
+            "status": 502,
+        },
     ]
     rep = build_report(recs, "exp", feedback={"1": 0.25}, large_tier="large")
     arm = rep.arms[0]
@@ -116,13 +148,26 @@ def test_cli_report_png_html(tmp_path: Path) -> None:
     assert len(load_experiment([traces], "exp")) == 600
     runner = CliRunner()
     png, html = tmp_path / "c.png", tmp_path / "c.html"
-    r = runner.invoke(app, ["ab", "report", "--traces", str(traces), "--experiment", "exp",
-                            "--out", str(png)])
+    r = runner.invoke(
+        app, ["ab", "report", "--traces", str(traces), "--experiment", "exp", "--out", str(png)]
+    )
     assert r.exit_code == 0, r.output
     assert "600 requests" in r.output and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = runner.invoke(app, ["ab", "report", "--traces", str(traces / "requests.jsonl"),
-                            "--traces", str(traces / "requests.jsonl.1"), "--experiment", "exp",
-                            "--out", str(html)])
+    r = runner.invoke(
+        app,
+        [
+            "ab",
+            "report",
+            "--traces",
+            str(traces / "requests.jsonl"),
+            "--traces",
+            str(traces / "requests.jsonl.1"),
+            "--experiment",
+            "exp",
+            "--out",
+            str(html),
+        ],
+    )
     assert r.exit_code == 0, r.output
     page = html.read_text()
     assert "data:image/png;base64," in page and "<pre>" not in page
@@ -161,21 +206,24 @@ def test_cli_assign_matches_experiment(tmp_path: Path) -> None:
         "experiments:\n"
         "  - {name: e, unit: team, arms: {x: {policy: a, weight: 1}, y: {policy: b, weight: 2}}}\n"
     )
-    r = CliRunner().invoke(app, ["ab", "assign", "-c", str(cfg), "--experiment", "e",
-                                 "t1", "t2", "t3"])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["ab", "assign", "-c", str(cfg), "--experiment", "e", "t1", "t2", "t3"]
+    )
     assert r.exit_code == 0, r.output
     exp = Experiment(load_config(cfg, environ={}).experiments[0])
     want = [f"{u}\t{exp.arm_for(u)}\t{exp.policy_of(exp.arm_for(u))}" for u in ("t1", "t2", "t3")]
     assert r.output.splitlines() == want
     r = CliRunner().invoke(app, ["ab", "assign", "--config", str(cfg), "--experiment", "zz", "t1"])
     assert r.exit_code == 2 and "no experiment 'zz'" in r.output  # bad input
-    r = CliRunner().invoke(app, ["ab", "report", "-t", str(tmp_path), "-c", str(cfg),
-                                 "--experiment", "zz"])  # fmt: skip
+    r = CliRunner().invoke(
+        app, ["ab", "report", "-t", str(tmp_path), "-c", str(cfg), "--experiment", "zz"]
+    )
     assert r.exit_code == 2 and "no experiment 'zz'" in r.output
 
 
-def _clustered_records(arm: str, users: int, per_user: int, rng: np.random.Generator,
-                       user_prefix: str | None = None) -> list[dict]:
+def _clustered_records(
+    arm: str, users: int, per_user: int, rng: np.random.Generator, user_prefix: str | None = None
+) -> list[dict]:
     """Requests of `users` users assigned whole to `arm`; each user's own large share, cost level
     and latency level vary a lot between users (as real users' traffic does)."""
     out = []
@@ -184,13 +232,23 @@ def _clustered_records(arm: str, users: int, per_user: int, rng: np.random.Gener
         slow = rng.lognormal(0.0, 0.6)
         for i in range(per_user):
             tier = "large" if rng.random() < p_user else "small"
-            out.append({
-                "schema_version": 1, "id": f"{arm}-{u}-{i}", "time": float(i), "experiment": "exp",
-                "arm": arm, "tier": tier, "user": f"{user_prefix or arm}-user-{u}",
-                "prompt_tokens": 100, "completion_tokens": 100, "cost_usd": PRICE[tier],
-                "latency_ms": float(rng.exponential(LAT[tier] * slow)), "status": 200,
-                "feedback": float(np.clip(rng.normal(0.3 + 0.5 * p_user, 0.1), 0, 1)),
-            })
+            out.append(
+                {
+                    "schema_version": 1,
+                    "id": f"{arm}-{u}-{i}",
+                    "time": float(i),
+                    "experiment": "exp",
+                    "arm": arm,
+                    "tier": tier,
+                    "user": f"{user_prefix or arm}-user-{u}",
+                    "prompt_tokens": 100,
+                    "completion_tokens": 100,
+                    "cost_usd": PRICE[tier],
+                    "latency_ms": float(rng.exponential(LAT[tier] * slow)),
+                    "status": 200,
+                    "feedback": float(np.clip(rng.normal(0.3 + 0.5 * p_user, 0.1), 0, 1)),
+                }
+            )
     return out
 
 
@@ -202,8 +260,7 @@ def test_user_assignment_gets_a_cluster_bootstrap_with_wider_intervals() -> None
     # Issue 16: with users as the unit, requests are not independent; per-request intervals were
     # too narrow. 40 users per arm, 50 requests each, arms identical in truth.
     rng = np.random.default_rng(16)
-    recs = (_clustered_records("control", 40, 50, rng)
-            + _clustered_records("treat", 40, 50, rng))
+    recs = _clustered_records("control", 40, 50, rng) + _clustered_records("treat", 40, 50, rng)
     naive = build_report(recs, "exp", unit="request")
     clustered = build_report(recs, "exp", unit="user")
     assert naive.unit == "request" and clustered.unit == "user"
@@ -261,8 +318,12 @@ def test_per_request_assignment_is_unchanged() -> None:
     assert plain.unit == mixed.unit == "request"
     assert plain.arms == mixed.arms == build_report(recs, "exp", unit="request").arms
     assert plain.comparisons == mixed.comparisons
-    assert {c.test for c in plain.comparisons} == {"chi-square", "Welch t", "Mood median",
-                                                   "bootstrap"}
+    assert {c.test for c in plain.comparisons} == {
+        "chi-square",
+        "Welch t",
+        "Mood median",
+        "bootstrap",
+    }
     assert "intervals treat requests as independent" in format_table(plain)
 
 
@@ -283,8 +344,10 @@ def test_cli_report_resamples_the_configs_unit(tmp_path: Path) -> None:
         "  - {name: exp, unit: user, arms: {control: {policy: a, weight: 1}, "
         "treat: {policy: b, weight: 1}}}\n"
     )
-    r = CliRunner().invoke(app, ["ab", "report", "--traces", str(tmp_path), "--experiment", "exp",
-                                 "--config", str(cfg)])
+    r = CliRunner().invoke(
+        app,
+        ["ab", "report", "--traces", str(tmp_path), "--experiment", "exp", "--config", str(cfg)],
+    )
     assert r.exit_code == 0, r.output
     assert "assignment unit user (the experiment's unit in the config)" in r.output
     assert "traffic split (users per arm)" in r.output and "cluster bootstrap" in r.output

@@ -31,9 +31,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple:
 
 
 def _config(limit: float, threshold: float, downgrade: bool = True, **sections: Any) -> SimConfig:
-    return sim_config(threshold,
-                      teams={"alpha": {"budget": {"limit_usd": limit, "period": "total"}}},
-                      budgets={"downgrade": downgrade}, **sections)
+    return sim_config(
+        threshold,
+        teams={"alpha": {"budget": {"limit_usd": limit, "period": "total"}}},
+        budgets={"downgrade": downgrade},
+        **sections,
+    )
 
 
 def test_no_limit_matches_plain_replay(setup: tuple) -> None:
@@ -64,8 +67,9 @@ def test_pacing_serves_more_requests_within_the_same_budget(setup: tuple) -> Non
     trace, scores, _, _, alpha_cost, t = setup
     limit = alpha_cost / 3
     plain = budget_replay(_config(limit, t, downgrade=False), trace, scores)["alpha"]
-    paced = budget_replay(_config(limit, t, downgrade=False), trace, scores,
-                          pacing=(1.0, 0.5))["alpha"]
+    paced = budget_replay(_config(limit, t, downgrade=False), trace, scores, pacing=(1.0, 0.5))[
+        "alpha"
+    ]
     assert paced.spent_usd <= limit + 1e-12
     assert paced.refused < plain.refused
     assert paced.served_large < plain.served_large

@@ -39,9 +39,13 @@ def test_reference_round_trips_and_names_bad_files(tmp_path: Path) -> None:
     assert np.array_equal(back.counts, ref.counts)
     assert reference_path_for(tmp_path / "new.onnx") == tmp_path / "new.scores.json"
     bad = tmp_path / "bad.scores.json"
-    for text, needle in [("[1]", "JSON object"), ('{"schema_version": 9}', "schema_version"),
-                         ('{"schema_version": 1, "counts": [0, 0]}', "no scores"),
-                         ('{"schema_version": 1, "counts": [1, -1]}', "counts"), ("{", "not JSON")]:
+    for text, needle in [
+        ("[1]", "JSON object"),
+        ('{"schema_version": 9}', "schema_version"),
+        ('{"schema_version": 1, "counts": [0, 0]}', "no scores"),
+        ('{"schema_version": 1, "counts": [1, -1]}', "counts"),
+        ("{", "not JSON"),
+    ]:
         bad.write_text(text)
         with pytest.raises(ScoreReferenceError, match=needle) as err:
             ScoreReference.load(bad)
@@ -90,8 +94,10 @@ def test_alpha_spending_and_cusum_limit() -> None:
 
 def naive_cusum(events: np.ndarray, p0: float, delta: float, h: float) -> list[int]:
     up, down = p0 + delta, p0 - delta
-    inc = [(np.log(up / p0), np.log((1 - up) / (1 - p0))),
-           (np.log(down / p0), np.log((1 - down) / (1 - p0)))]
+    inc = [
+        (np.log(up / p0), np.log((1 - up) / (1 - p0))),
+        (np.log(down / p0), np.log((1 - down) / (1 - p0))),
+    ]
     s, alarms = [0.0, 0.0], []
     for i, e in enumerate(events):
         for side in (0, 1):
@@ -136,8 +142,10 @@ def test_quality_retained_interval_covers_and_test_rejects() -> None:
     assert est is not None and est.n == 4000
     assert est.value == pytest.approx(routed.mean() / large.mean())
     # Bootstrap agrees with the delta-method width.
-    boots = [(routed[i].mean() / large[i].mean())
-             for i in (rng.integers(0, 4000, 4000) for _ in range(400))]
+    boots = [
+        (routed[i].mean() / large[i].mean())
+        for i in (rng.integers(0, 4000, 4000) for _ in range(400))
+    ]
     assert est.high - est.low == pytest.approx(2 * 1.96 * np.std(boots), rel=0.2)
 
 

@@ -41,9 +41,12 @@ def _threshold_splitting(trace_path: Path) -> float:
 def test_proxy_matches_simulator(trace_file: Path, tmp_path: Path) -> None:
     threshold = _threshold_splitting(trace_file)
     proxy_trace = tmp_path / "proxy.jsonl"
-    data = router_config_dict(trace_file, threshold=threshold,
-                              traces={"path": str(proxy_trace), "include_prompt": True},
-                              signals={"enabled": False})
+    data = router_config_dict(
+        trace_file,
+        threshold=threshold,
+        traces={"path": str(proxy_trace), "include_prompt": True},
+        signals={"enabled": False},
+    )
     data["policies"]["coin"] = {"type": "random", "p": 0.4}
     config = config_from_dict(data, environ={})
     sim = sim_config_from(config)  # what `cost-router simulate --config` replays with
@@ -97,23 +100,34 @@ def test_proxy_matches_simulator(trace_file: Path, tmp_path: Path) -> None:
 def test_replay_backend_streams_recorded_usage_and_rejects_unknown_prompts(
     trace_file: Path, tmp_path: Path
 ) -> None:
-    data = router_config_dict(trace_file, threshold=0.0,  # everything to the large tier
-                              traces={"path": str(tmp_path / "proxy.jsonl")},
-                              signals={"enabled": False})
+    data = router_config_dict(
+        trace_file,
+        threshold=0.0,  # everything to the large tier
+        traces={"path": str(tmp_path / "proxy.jsonl")},
+        signals={"enabled": False},
+    )
     config = config_from_dict(data, environ={})
     trace = load_trace([trace_file])
     with ProxyThread(config) as proxy:
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
-        chunks = list(client.chat.completions.create(
-            model="auto", messages=[{"role": "user", "content": trace.texts[3]}], stream=True,
-            stream_options={"include_usage": True},
-        ))
+        chunks = list(
+            client.chat.completions.create(
+                model="auto",
+                messages=[{"role": "user", "content": trace.texts[3]}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         usage = chunks[-1].usage
         assert usage is not None
         assert (usage.prompt_tokens, usage.completion_tokens) == (
-            int(trace.prompt_tokens[3]), int(trace.completion_tokens[3, 1]))
+            int(trace.prompt_tokens[3]),
+            int(trace.completion_tokens[3, 1]),
+        )
         assert "replay large" in "".join(
-            c.choices[0].delta.content or "" for c in chunks if c.choices)
+            c.choices[0].delta.content or "" for c in chunks if c.choices
+        )
         with pytest.raises(openai.BadRequestError, match="not in trace"):
             client.chat.completions.create(
-                model="auto", messages=[{"role": "user", "content": "a prompt nobody recorded"}])
+                model="auto", messages=[{"role": "user", "content": "a prompt nobody recorded"}]
+            )

@@ -80,8 +80,7 @@ def test_simulate_per_tier_and_levers() -> None:
 def test_unsorted_arrivals_name_the_record() -> None:
     small = TierLatency(0.1, 0.01)
     with pytest.raises(LatencyModelError, match="record 2"):
-        simulate(np.array([0.0, 2.0, 1.0]), np.zeros(3, dtype=int), np.ones(3), np.ones(3),
-                 [small])
+        simulate(np.array([0.0, 2.0, 1.0]), np.zeros(3, dtype=int), np.ones(3), np.ones(3), [small])
 
 
 def test_utilization_flags_an_overloaded_tier() -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from backends.config import Price
 from backends.quantize import QuantizeError, quantized
-from router.evaluation.config import ReferenceJudgeConfig
-from router.evaluation.judges.reference import ReferenceJudge
+from router.learning.config import ReferenceJudgeConfig
+from router.learning.judges.reference import ReferenceJudge
 from simulations.latency import TierLatency
 from simulations.levers.gate import Tolerance, verdict
 from simulations.levers.levers_file import LeversFileError, apply_levers, write_levers
@@ -31,18 +31,42 @@ SETTINGS = {"max_tokens": 8, "temperature": 0.0}
 
 
 def _tier(name: str, price: float, lever: str | None = None) -> TrialTier:
-    return TrialTier(name, "http://127.0.0.1:9/v1", name, Price(input_per_mtok=price,
-                     output_per_mtok=price), lever=lever)  # fmt: skip
+    return TrialTier(
+        name,
+        "http://127.0.0.1:9/v1",
+        name,
+        Price(input_per_mtok=price, output_per_mtok=price),
+        lever=lever,
+    )
 
 
-def _m(pid: str, tier: str, itl: float, e2e: float, text: str = "x", price: float = 1.0,
-       error: str | None = None) -> Measurement:  # fmt: skip
-    return Measurement(pid, tier, text, e2e / 4, itl, e2e, 10, 8, True,
-                       Price(input_per_mtok=price, output_per_mtok=price).cost(10, 8), error)
+def _m(
+    pid: str,
+    tier: str,
+    itl: float,
+    e2e: float,
+    text: str = "x",
+    price: float = 1.0,
+    error: str | None = None,
+) -> Measurement:
+    return Measurement(
+        pid,
+        tier,
+        text,
+        e2e / 4,
+        itl,
+        e2e,
+        10,
+        8,
+        True,
+        Price(input_per_mtok=price, output_per_mtok=price).cost(10, 8),
+        error,
+    )
 
 
-def _row(pid: str, cand: str, ref_o: float | None, cand_o: float | None,
-         status: str = "label") -> JudgeRow:  # fmt: skip
+def _row(
+    pid: str, cand: str, ref_o: float | None, cand_o: float | None, status: str = "label"
+) -> JudgeRow:
     return JudgeRow(pid, cand, "ref", "reference", "v1", status, ref_o, cand_o)  # type: ignore[arg-type]
 
 
@@ -58,8 +82,13 @@ def test_gsm8k_gold_answers_are_read_by_the_reference_judge() -> None:
     assert 0 < len(without) < len(prompts) / 2
     # A seeded sample: the same prompts every time, so a rerun resumes on them.
     assert [p.id for p in load_prompts([GSM8K], n=5)] == [p.id for p in load_prompts([GSM8K], 5)]
-    assert len({p.id for p in load_prompts([GSM8K], n=5, seed=1)} & {p.id for p in
-               load_prompts([GSM8K], n=5)}) < 5  # fmt: skip
+    assert (
+        len(
+            {p.id for p in load_prompts([GSM8K], n=5, seed=1)}
+            & {p.id for p in load_prompts([GSM8K], n=5)}
+        )
+        < 5
+    )
 
 
 def test_a_trace_without_prompt_text_is_refused(tmp_path: Path) -> None:
@@ -88,11 +117,16 @@ def test_store_resumes_keeps_failures_for_retry_and_survives_a_cut_line(tmp_path
 
 
 def test_win_tie_loss_shares_and_the_paired_difference_have_intervals() -> None:
-    rows = ([_row(f"w{i}", "c", 0.0, 1.0) for i in range(2)]
-            + [_row(f"t{i}", "c", 1.0, 1.0) for i in range(6)]
-            + [_row(f"l{i}", "c", 1.0, 0.0) for i in range(2)]
-            + [_row("u", "c", None, None, "unparsed"), _row("f", "c", None, None, "failed"),
-               _row("n", "c", None, None, "no-label")])  # fmt: skip
+    rows = (
+        [_row(f"w{i}", "c", 0.0, 1.0) for i in range(2)]
+        + [_row(f"t{i}", "c", 1.0, 1.0) for i in range(6)]
+        + [_row(f"l{i}", "c", 1.0, 0.0) for i in range(2)]
+        + [
+            _row("u", "c", None, None, "unparsed"),
+            _row("f", "c", None, None, "failed"),
+            _row("n", "c", None, None, "no-label"),
+        ]
+    )
     q = quality(rows, 0.95)
     assert (q.labelled, q.unparsed, q.failed, q.unlabelled) == (10, 1, 1, 1)
     assert (q.win.value, q.tie.value, q.loss.value) == (0.2, 0.6, 0.2)
@@ -102,10 +136,10 @@ def test_win_tie_loss_shares_and_the_paired_difference_have_intervals() -> None:
     assert narrow.delta.high - narrow.delta.low < q.delta.high - q.delta.low
 
 
-def _filled(tmp_path: Path, n: int, losses: int) -> tuple[TrialSpec, list[TrialPrompt],
-                                                           TrialStore]:  # fmt: skip
-    spec = TrialSpec(_tier("ref", 10.0), (_tier("cand", 1.0, "quantization"),
-                                         _tier("spec", 10.0, "speculative")))  # fmt: skip
+def _filled(tmp_path: Path, n: int, losses: int) -> tuple[TrialSpec, list[TrialPrompt], TrialStore]:
+    spec = TrialSpec(
+        _tier("ref", 10.0), (_tier("cand", 1.0, "quantization"), _tier("spec", 10.0, "speculative"))
+    )
     prompts = [TrialPrompt(f"p{i}", f"q{i}", "1", "gsm8k") for i in range(n)]
     store = TrialStore(tmp_path, SETTINGS)
     for i, p in enumerate(prompts):
@@ -120,12 +154,18 @@ def _filled(tmp_path: Path, n: int, losses: int) -> tuple[TrialSpec, list[TrialP
 def test_rows_alone_then_combined_from_the_same_measurements(tmp_path: Path) -> None:
     spec, prompts, store = _filled(tmp_path, 10, losses=2)
     scores = np.array([0.1] * 4 + [0.9] * 6)
-    combos = [Combination("routed + quantized small", "cand", "ref", 0.5),
-              Combination("all together", "cand", "spec", 0.5)]
+    combos = [
+        Combination("routed + quantized small", "cand", "ref", 0.5),
+        Combination("all together", "cand", "spec", 0.5),
+    ]
     rows = summarize(spec, prompts, store, combos, scores)
     assert [(r.name, r.kind) for r in rows] == [
-        ("ref", "reference"), ("cand", "alone"), ("spec", "alone"),
-        ("routed + quantized small", "combined"), ("all together", "combined")]
+        ("ref", "reference"),
+        ("cand", "alone"),
+        ("spec", "alone"),
+        ("routed + quantized small", "combined"),
+        ("all together", "combined"),
+    ]
     cand, specrow, routed, together = rows[1:]
     assert cand.decode_speed == pytest.approx(2.0) and cand.e2e_speed == pytest.approx(2.0)
     assert cand.price_ratio == pytest.approx(0.1)
@@ -173,15 +213,22 @@ def test_levers_json_feeds_what_if_and_names_what_is_assumed(tmp_path: Path) -> 
     assert any("quantized small speed x 2 [measured: cand vs ref" in n for n in notes)
     # What-if applies the measured speed-up as is, also when it is a slow-down.
     n = 3
-    trace = ReplayTrace(texts=["a"] * n, quality=np.ones((n, 2)), prompt_tokens=np.full(n, 10),
-                        completion_tokens=np.full((n, 2), 100))  # fmt: skip
+    trace = ReplayTrace(
+        texts=["a"] * n,
+        quality=np.ones((n, 2)),
+        prompt_tokens=np.full(n, 10),
+        completion_tokens=np.full((n, 2), 100),
+    )
     arrivals, cost, large = np.arange(n) * 100.0, np.ones((n, 2)), np.full(n, LARGE)
-    slow = run_scenario(Scenario("spec", "alone", large, False, True), trace, arrivals, levers,
-                        cost)  # fmt: skip
-    plain = run_scenario(Scenario("plain", "alone", large, False, False), trace, arrivals, levers,
-                         cost)  # fmt: skip
+    slow = run_scenario(
+        Scenario("spec", "alone", large, False, True), trace, arrivals, levers, cost
+    )
+    plain = run_scenario(
+        Scenario("plain", "alone", large, False, False), trace, arrivals, levers, cost
+    )
     assert slow.latency.percentiles()["p50_s"] == pytest.approx(
-        plain.latency.percentiles()["p50_s"] + 100 * 0.025 * (1 / 0.8 - 1))
+        plain.latency.percentiles()["p50_s"] + 100 * 0.025 * (1 / 0.8 - 1)
+    )
     # ... added to each small-tier outcome, clipped to [0, 1].
     small = np.full(n, SMALL)
     quant = run_scenario(Scenario("q", "alone", small, True, False), trace, arrivals, levers, cost)

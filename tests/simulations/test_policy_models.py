@@ -1,7 +1,7 @@
 """A policy with its own classifier model (`policies.NAME.model_path`: a promoted canary, an A/B
 arm with a candidate model) is replayed with that model, as the proxy routes it, not with the
 global one. The canary here is the shipped graph with its card's class values swapped, so it
-scores 1 - the shipped score (tests/router/test_promote.py uses the same pair)."""
+scores 1 - the shipped score (tests/router/commands/test_promote.py uses the same pair)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ def test_a_policy_with_its_own_model_is_scored_by_it(tmp_path: Path) -> None:
 
     # Scores the user gave (a scores file, or recorded ones) are what every policy replays.
     given = tmp_path / "given.jsonl"
-    given.write_text("".join(json.dumps({"request_id": rid, "score": 0.9}) + "\n"
-                             for rid in trace.units()))  # fmt: skip
+    given.write_text(
+        "".join(json.dumps({"request_id": rid, "score": 0.9}) + "\n" for rid in trace.units())
+    )
     scored = with_scores(trace, given)
     kept = replay(sim, scored, trace_scores(scored, sim.model_path, use_recorded=True), "canary")
     assert (kept.scores == 0.9).all()
@@ -56,8 +57,10 @@ def test_tune_sweeps_a_policy_with_its_own_model_on_that_models_scores(tmp_path:
     canary = {**balanced(0.5), "model_path": str(inverted_model(tmp_path))}
     sim = sim_config(0.5, policies={"canary": canary})
     scores = trace_scores(trace, sim.model_path)
-    runs = {name: run_tune(sim, trace, ("quality", 0.9), name, 21, 20, 0, False, None, None)[1]
-            for name in ("balanced", "canary")}  # fmt: skip
+    runs = {
+        name: run_tune(sim, trace, ("quality", 0.9), name, 21, 20, 0, False, None, None)[1]
+        for name in ("balanced", "canary")
+    }
     for name, routed_by in (("balanced", scores), ("canary", 1 - scores)):
         sweep = runs[name].sweep
         expected = [(routed_by >= t - 1e-6).mean() for t in sweep.thresholds]

@@ -100,8 +100,7 @@ def test_a_verdict_without_an_interval_never_promotes() -> None:
 
 
 def test_recorded_comparison_from_the_card() -> None:
-    card = {"comparison": {"n": 500, "delta": {"APGR": {"value": 0.04, "low": 0.01,
-                                                         "high": 0.07}}}}  # fmt: skip
+    card = {"comparison": {"n": 500, "delta": {"APGR": {"value": 0.04, "low": 0.01, "high": 0.07}}}}
     verdict = recorded_verdict(card, "new.json")
     assert isinstance(verdict, Verdict) and verdict.promote and verdict.n == 500
     card["comparison"]["delta"]["APGR"]["low"] = -0.01  # type: ignore[index]

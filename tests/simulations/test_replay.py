@@ -34,12 +34,18 @@ def test_replay_cost_and_quality_follow_the_chosen_tier(gsm8k: tuple) -> None:
     assert (np.asarray(res.tiers)[res.tier_idx] == np.where(large, "large", "small")).all()
     # GSM8K answers are counted from each model's own recorded response.
     completion = np.where(large, trace.completion_tokens[:, 1], trace.completion_tokens[:, 0])
-    expected = np.where(
-        large, trace.prompt_tokens * 10 + completion * 30, (trace.prompt_tokens + completion) * 0.6
-    ) / 1e6
+    expected = (
+        np.where(
+            large,
+            trace.prompt_tokens * 10 + completion * 30,
+            (trace.prompt_tokens + completion) * 0.6,
+        )
+        / 1e6
+    )
     np.testing.assert_allclose(res.cost_usd, expected)
-    np.testing.assert_allclose(res.quality, np.where(large, trace.quality[:, 1],
-                                                     trace.quality[:, 0]))
+    np.testing.assert_allclose(
+        res.quality, np.where(large, trace.quality[:, 1], trace.quality[:, 0])
+    )
     assert res.summary()["share"]["large"] == pytest.approx(large.mean())
     assert (trace.completion_tokens[:, 0] != trace.completion_tokens[:, 1]).any()
 

@@ -60,16 +60,26 @@ def test_live_source_polls_the_configs_tiers() -> None:
     server = MetricsServer()
     try:
         root = f"http://127.0.0.1:{server.port}"
-        cfg = config_from_dict({
-            "tiers": [
-                {"name": "small", "base_url": f"{root}/v1", "model": "s",
-                 "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6}},
-                {"name": "large", "base_url": f"{root}/v1", "model": "l",
-                 "metrics_url": f"{root}/metrics",
-                 "price": {"input_per_mtok": 10, "output_per_mtok": 30}},
-            ],
-            "signals": {"interval_s": 0.05},
-        })  # fmt: skip
+        cfg = config_from_dict(
+            {
+                "tiers": [
+                    {
+                        "name": "small",
+                        "base_url": f"{root}/v1",
+                        "model": "s",
+                        "price": {"input_per_mtok": 0.6, "output_per_mtok": 0.6},
+                    },
+                    {
+                        "name": "large",
+                        "base_url": f"{root}/v1",
+                        "model": "l",
+                        "metrics_url": f"{root}/metrics",
+                        "price": {"input_per_mtok": 10, "output_per_mtok": 30},
+                    },
+                ],
+                "signals": {"interval_s": 0.05},
+            }
+        )
         # Between the two live polls the counters do not move: gauges, but no rates yet.
         levers, notes = measured_levers(LEVERS, cfg.tiers, "live", cfg.signals)
         assert levers == LEVERS
@@ -121,8 +131,12 @@ def test_draft_length_comes_from_the_large_tiers_launch_profile(tmp_path: Path) 
 
     snap = tmp_path / "snap.json"
     save_snapshot(snap, {"large": measured_large()})
-    levers, notes = measured_levers(Levers(small=LEVERS.small, large=LEVERS.large, spec_k=2),
-                                    load_config(example).tiers, str(snap), SignalsConfig())
+    levers, notes = measured_levers(
+        Levers(small=LEVERS.small, large=LEVERS.large, spec_k=2),
+        load_config(example).tiers,
+        str(snap),
+        SignalsConfig(),
+    )
     assert levers.spec_k == 5  # gpu-node.yaml: num_speculative_tokens 5
     assert levers.large.per_token_s == pytest.approx(0.01 * spec_speedup(0.75, 5, 0.0))
     assert notes[0] == "large: draft length k=5 from its launch profile"

@@ -1,5 +1,6 @@
 """The simulator's defaults are the proxy's: `cost-router simulate` without a config replays what
-`cost-router serve` without a config (the embedded demo, router/demo.py) would decide and charge."""
+`cost-router serve` without a config (the embedded demo, router/server/demo.py) would decide and
+charge."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 from policies.base import BatchContext, Tunable
 from policies.registry import build_policies
 from policies.spec import card_threshold
-from router.demo import demo_config
+from router.server.demo import demo_config
 from simulations.replay import pick_policy
 from simulations.sim_config import default_sim_config
 

@@ -39,8 +39,11 @@ def test_pareto_front_is_undominated_and_complete() -> None:
     cost, quality = rng.random(300), rng.random(300)
     front = set(pareto_front(cost, quality).tolist())
     for i in range(300):
-        dominated = np.any((cost <= cost[i]) & (quality >= quality[i])
-                           & ((cost < cost[i]) | (quality > quality[i])))
+        dominated = np.any(
+            (cost <= cost[i])
+            & (quality >= quality[i])
+            & ((cost < cost[i]) | (quality > quality[i]))
+        )
         assert (i in front) == (not dominated)
 
 

@@ -81,7 +81,8 @@ class Told:
     def stream(self, team: str, resp: httpx.Response, lines: Iterable[str]) -> None:
         """A streamed answer, from its response headers and the SSE lines the client read."""
         if resp.status_code != 200 or "text/event-stream" not in resp.headers.get(
-                "content-type", ""):
+            "content-type", ""
+        ):
             self.response(team, resp)
             return
         self.add(team, resp.headers.get(REQUEST_ID), stream_cost_usd(lines))
@@ -113,18 +114,24 @@ class TeamAudit:
             out.append(f"spend {self.spent_nanos} != ledger sum {self.ledger_nanos}")
         client_side = self.told_nanos + self.untold_trace_nanos
         if self.spent_nanos != client_side:
-            out.append(f"spend {self.spent_nanos} != told {self.told_nanos} + untold (trace) "
-                       f"{self.untold_trace_nanos} = {client_side}")
+            out.append(
+                f"spend {self.spent_nanos} != told {self.told_nanos} + untold (trace) "
+                f"{self.untold_trace_nanos} = {client_side}"
+            )
         if self.reserved_nanos or self.open_reservations:
-            out.append(f"live reservations left: {self.reserved_nanos} nanos, "
-                       f"{self.open_reservations} records")
+            out.append(
+                f"live reservations left: {self.reserved_nanos} nanos, "
+                f"{self.open_reservations} records"
+            )
         return out
 
     def line(self) -> str:
-        return (f"{self.team}: spend {self.spent_nanos} of limit {self.limit_nanos}; ledger "
-                f"{self.ledger_nanos}; told {self.told_nanos} + {self.untold} untold "
-                f"({self.untold_trace_nanos} by trace); reserved {self.reserved_nanos} in "
-                f"{self.open_reservations} records; overage {self.overage_nanos}")
+        return (
+            f"{self.team}: spend {self.spent_nanos} of limit {self.limit_nanos}; ledger "
+            f"{self.ledger_nanos}; told {self.told_nanos} + {self.untold} untold "
+            f"({self.untold_trace_nanos} by trace); reserved {self.reserved_nanos} in "
+            f"{self.open_reservations} records; overage {self.overage_nanos}"
+        )
 
 
 def trace_costs(paths: Iterable[Path], ids: set[str]) -> dict[str, int | None]:
@@ -148,8 +155,12 @@ async def _open_records(store: BudgetStore, team: str) -> int:
     return int(await client.hlen(k.res)) + int(await client.zcard(k.lease))
 
 
-async def audit_store(store: BudgetStore, limits: Mapping[str, BudgetLimit | None], told: Told,
-                      trace_nanos: Mapping[str, int | None]) -> Audit:  # fmt: skip
+async def audit_store(
+    store: BudgetStore,
+    limits: Mapping[str, BudgetLimit | None],
+    told: Told,
+    trace_nanos: Mapping[str, int | None],
+) -> Audit:
     teams, charges = [], {}
     for team, limit in limits.items():
         status = (await store.status(BudgetScope(team, team_limit=limit)))[0]
@@ -158,15 +169,20 @@ async def audit_store(store: BudgetStore, limits: Mapping[str, BudgetLimit | Non
         ledger = spend_from_ledger(entries).get((TEAM_SCOPE, status.period_id), 0)
         mine = [(rid, nanos) for rid, (t, nanos) in told.requests.items() if t == team]
         untold = [rid for rid, nanos in mine if nanos is None]
-        teams.append(TeamAudit(
-            team=team, limit_nanos=status.limit_nanos, spent_nanos=status.spent_nanos,
-            ledger_nanos=ledger, told_nanos=sum(n for _, n in mine if n is not None),
-            untold=len(untold),
-            untold_trace_nanos=sum(trace_nanos.get(rid) or 0 for rid in untold),
-            reserved_nanos=status.reserved_nanos,
-            open_reservations=await _open_records(store, team),
-            overage_nanos=sum(e.overage_nanos for e in entries),
-        ))
+        teams.append(
+            TeamAudit(
+                team=team,
+                limit_nanos=status.limit_nanos,
+                spent_nanos=status.spent_nanos,
+                ledger_nanos=ledger,
+                told_nanos=sum(n for _, n in mine if n is not None),
+                untold=len(untold),
+                untold_trace_nanos=sum(trace_nanos.get(rid) or 0 for rid in untold),
+                reserved_nanos=status.reserved_nanos,
+                open_reservations=await _open_records(store, team),
+                overage_nanos=sum(e.overage_nanos for e in entries),
+            )
+        )
     return Audit(teams, charges)
 
 
@@ -198,8 +214,11 @@ def audit_budgets(
     paths = list(trace_paths)
     untold = set(told.untold())
     if untold and paths:
-        wait_for(lambda: len(trace_costs(paths, untold)) == len(untold), settle_timeout_s,
-                 f"trace records of {len(untold)} requests whose client was told no cost")
+        wait_for(
+            lambda: len(trace_costs(paths, untold)) == len(untold),
+            settle_timeout_s,
+            f"trace records of {len(untold)} requests whose client was told no cost",
+        )
     traces = trace_costs(paths, untold) if untold else {}
 
     async def run() -> Audit:
@@ -229,6 +248,10 @@ def check_budget_invariant(
     figures) if there is one."""
     audit = audit_budgets(cfg, limits, told, trace_paths, settle_timeout_s)
     breaches = audit.breaches()
-    assert not breaches, ("budget audit invariant broken:\n  " + "\n  ".join(breaches)
-                          + "\nfigures:\n" + audit.figures())
+    assert not breaches, (
+        "budget audit invariant broken:\n  "
+        + "\n  ".join(breaches)
+        + "\nfigures:\n"
+        + audit.figures()
+    )
     return audit

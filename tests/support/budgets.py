@@ -27,7 +27,7 @@ def delete_prefix(prefix: str, url: str = REDIS_URL) -> None:
     try:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         for i in range(0, len(keys), 500):
-            client.delete(*keys[i: i + 500])
+            client.delete(*keys[i : i + 500])
     finally:
         client.close()
 
@@ -105,10 +105,25 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-             str(self.dir), "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--logfile", str(self.dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--logfile",
+                str(self.dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 10
@@ -143,9 +158,18 @@ class Proxy:
 
         with self.out.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "router.cli", "serve", "--config", str(self.config_path),
-                 "--port", "0"],
-                stdout=out, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "router.cli",
+                    "serve",
+                    "--config",
+                    str(self.config_path),
+                    "--port",
+                    "0",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

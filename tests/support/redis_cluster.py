@@ -96,8 +96,11 @@ class RunningCluster:
         node.pid = node.proc.pid
         wait_for(lambda: _pings(node.port), timeout_s=30, what=f"redis node {node.port}")
         node.role = "replica"
-        wait_for(lambda: self.state_ok() and self.replicas_synced(), timeout_s=30,
-                 what=f"node {node.port} to rejoin as a replica")
+        wait_for(
+            lambda: self.state_ok() and self.replicas_synced(),
+            timeout_s=30,
+            what=f"node {node.port} to rejoin as a replica",
+        )
 
     def pause(self, node: ClusterNodeProc) -> None:
         """SIGSTOP: the node stops reading (a replica falls behind, as across a slow link)."""
@@ -144,11 +147,15 @@ class RunningCluster:
                 continue
             with node.client() as c:
                 role = c.execute_command("ROLE")[0]
-            node.role = "master" if (role.decode() if isinstance(role, bytes) else role) == \
-                "master" else "replica"
+            node.role = (
+                "master"
+                if (role.decode() if isinstance(role, bytes) else role) == "master"
+                else "replica"
+            )
 
     def wait_for_failover(self, timeout_s: float = 30.0) -> None:
         """Block until every slot is served again (a replica took over the dead master's)."""
+
         def healed() -> bool:
             if not self.state_ok():
                 return False
@@ -161,11 +168,29 @@ class RunningCluster:
 def _start_node(directory: Path, port: int, node_timeout_ms: int) -> subprocess.Popen[bytes]:
     directory.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", HOST, "--dir", str(directory),
-         "--cluster-enabled", "yes", "--cluster-config-file", str(directory / "nodes.conf"),
-         "--cluster-node-timeout", str(node_timeout_ms), "--save", "", "--appendonly", "no",
-         "--logfile", str(directory / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            HOST,
+            "--dir",
+            str(directory),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            str(directory / "nodes.conf"),
+            "--cluster-node-timeout",
+            str(node_timeout_ms),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(directory / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -188,8 +213,11 @@ def _start_free_node(
         if port in taken or port + 10000 > 65535 or not _bindable(port + 10000):
             continue
         proc = _start_node(tmp / str(port), port, node_timeout_ms)
-        wait_for(lambda pr=proc, p=port: pr.poll() is not None or _pings(p), timeout_s=timeout_s,
-                 what=f"redis node {port}")
+        wait_for(
+            lambda pr=proc, p=port: pr.poll() is not None or _pings(p),
+            timeout_s=timeout_s,
+            what=f"redis node {port}",
+        )
         if proc.poll() is None:
             return port, proc
     raise RuntimeError("could not start a redis cluster node on a free port pair")
@@ -205,7 +233,9 @@ def _pings(port: int) -> bool:
 
 @contextmanager
 def running_cluster(
-    masters: int = 3, replicas_per_master: int = 1, node_timeout_ms: int = 1000,
+    masters: int = 3,
+    replicas_per_master: int = 1,
+    node_timeout_ms: int = 1000,
     timeout_s: float = 60.0,
 ) -> Iterator[RunningCluster]:
     """Start a cluster, wait for cluster_state:ok on every node, yield it, stop it."""
@@ -223,12 +253,24 @@ def running_cluster(
             ports.append(port)
             procs.append(proc)
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"{HOST}:{p}" for p in ports),
-             "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"{HOST}:{p}" for p in ports),
+                "--cluster-replicas",
+                str(replicas_per_master),
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=timeout_s,
         )
-        nodes = [ClusterNodeProc(HOST, port, proc.pid, "replica", proc, tmp / str(port))
-                 for port, proc in zip(ports, procs, strict=True)]
+        nodes = [
+            ClusterNodeProc(HOST, port, proc.pid, "replica", proc, tmp / str(port))
+            for port, proc in zip(ports, procs, strict=True)
+        ]
         cluster = RunningCluster(nodes, node_timeout_ms)
 
         def formed() -> bool:
@@ -236,6 +278,7 @@ def running_cluster(
                 return False
             cluster.refresh()
             return len(cluster.masters()) == masters and cluster.replicas_synced()
+
         wait_for(formed, timeout_s=timeout_s, what="cluster_state:ok")
         yield cluster
     finally:

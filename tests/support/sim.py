@@ -21,8 +21,12 @@ PRICES = {"small": (0.6, 0.6), "large": (10.0, 30.0)}  # the simulator's default
 
 
 def write_jsonl_trace(
-    path: Path, n: int, seed: int = 0, teams: tuple[str, ...] = ("alpha", "beta"),
-    rate_per_s: float = 5.0, start: float = 1_790_000_000.0,
+    path: Path,
+    n: int,
+    seed: int = 0,
+    teams: tuple[str, ...] = ("alpha", "beta"),
+    rate_per_s: float = 5.0,
+    start: float = 1_790_000_000.0,
 ) -> list[dict[str, Any]]:
     """n real GSM8K prompts with their real outcomes as trace-v1 records (sorted arrivals)."""
     ds = load_dataset([GSM8K])
@@ -31,16 +35,18 @@ def write_jsonl_trace(
     times = start + np.cumsum(rng.exponential(1.0 / rate_per_s, n))
     records = []
     for j, i in enumerate(pick.tolist()):
-        records.append({
-            "schema_version": 1,
-            "id": f"req-{j}",
-            "time": float(times[j]),
-            "team": teams[j % len(teams)],
-            "prompt": ds.prompts[i],
-            "prompt_tokens": int(rng.integers(20, 400)),
-            "completion_tokens": int(rng.integers(1, 300)),
-            "outcomes": {"small": float(ds.small[i]), "large": float(ds.large[i])},
-        })
+        records.append(
+            {
+                "schema_version": 1,
+                "id": f"req-{j}",
+                "time": float(times[j]),
+                "team": teams[j % len(teams)],
+                "prompt": ds.prompts[i],
+                "prompt_tokens": int(rng.integers(20, 400)),
+                "completion_tokens": int(rng.integers(1, 300)),
+                "outcomes": {"small": float(ds.small[i]), "large": float(ds.large[i])},
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     return records
 
@@ -81,10 +87,19 @@ def router_config_dict(trace: Path | None = None, threshold: float = 0.3, **extr
     def tier(name: str) -> dict[str, Any]:
         price = {"input_per_mtok": PRICES[name][0], "output_per_mtok": PRICES[name][1]}
         if trace is not None:
-            return {"name": name, "kind": "replay", "model": name, "replay_trace": str(trace),
-                    "price": price}
-        return {"name": name, "base_url": f"http://{name}.invalid/v1", "model": name,
-                "price": price}
+            return {
+                "name": name,
+                "kind": "replay",
+                "model": name,
+                "replay_trace": str(trace),
+                "price": price,
+            }
+        return {
+            "name": name,
+            "base_url": f"http://{name}.invalid/v1",
+            "model": name,
+            "price": price,
+        }
 
     return {
         "tiers": [tier("small"), tier("large")],

@@ -37,8 +37,9 @@ class TcpRelay:
             server = socket.create_connection(self.target)
             ended: list[str] = []  # which side hung up first, once known
             for src, dst, side in ((client, server, "client"), (server, client, "server")):
-                threading.Thread(target=self._pipe, args=(src, dst, side, ended),
-                                 daemon=True).start()  # fmt: skip
+                threading.Thread(
+                    target=self._pipe, args=(src, dst, side, ended), daemon=True
+                ).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, side: str, ended: list[str]) -> None:
         with contextlib.suppress(OSError):
@@ -59,7 +60,11 @@ class TcpRelay:
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self._stopping = True
         self._listener.close()

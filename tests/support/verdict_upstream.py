@@ -7,7 +7,7 @@ Modes (`server.mode`, changeable between requests):
 - ``first``: always `[[A]]` (a judge with pure position bias);
 - ``garbage``: prose without a verdict.
 
-Constraints (router/evaluation/judges/constrain.py): a `response_format` of type json_schema or
+Constraints (router/learning/judges/constrain.py): a `response_format` of type json_schema or
 json_object is honoured (the verdict as `{"verdict": "A"}` / `{"grade": 9}`) and a `grammar`
 too (the bare `[[A]]`), unless named in `server.refuse` ({"json_schema", "json_object",
 "grammar"}): then the request is answered with `refuse_status` (422, or 500 as llama-cpp-python
@@ -26,12 +26,15 @@ from typing import Any
 import orjson
 import uvicorn
 
-A = re.compile(r"\[The Start of Assistant A's Answer\]\n(.*?)\n\[The End of Assistant A's Answer\]",
-               re.S)  # fmt: skip
-B = re.compile(r"\[The Start of Assistant B's Answer\]\n(.*?)\n\[The End of Assistant B's Answer\]",
-               re.S)  # fmt: skip
+A = re.compile(
+    r"\[The Start of Assistant A's Answer\]\n(.*?)\n\[The End of Assistant A's Answer\]", re.S
+)
+B = re.compile(
+    r"\[The Start of Assistant B's Answer\]\n(.*?)\n\[The End of Assistant B's Answer\]", re.S
+)
 SINGLE = re.compile(
-    r"\[The Start of Assistant's Answer\]\n(.*?)\n\[The End of Assistant's Answer\]", re.S)
+    r"\[The Start of Assistant's Answer\]\n(.*?)\n\[The End of Assistant's Answer\]", re.S
+)
 
 
 class VerdictApp:
@@ -80,23 +83,40 @@ class VerdictApp:
             prompt = "".join(str(m.get("content")) for m in body.get("messages") or [])
             constraint = _constraint(body)
             if constraint in self.refuse:
-                await _send(send, self.refuse_status,
-                            {"error": {"message": f"unsupported: {constraint}"}})
+                await _send(
+                    send, self.refuse_status, {"error": {"message": f"unsupported: {constraint}"}}
+                )
                 return
             text = _constrained(self.reply(prompt), constraint)
             self.served += 1
-            payload = {"id": "v", "object": "chat.completion", "model": "verdict",
-                       "choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": text}}],
-                       "usage": {"prompt_tokens": len(prompt.split()),
-                                 "completion_tokens": len(text.split()),
-                                 "total_tokens": len(prompt.split()) + len(text.split())}}
+            payload = {
+                "id": "v",
+                "object": "chat.completion",
+                "model": "verdict",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": len(prompt.split()),
+                    "completion_tokens": len(text.split()),
+                    "total_tokens": len(prompt.split()) + len(text.split()),
+                },
+            }
         await _send(send, status, payload)
 
 
 async def _send(send: Any, status: int, payload: dict[str, Any]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": orjson.dumps(payload)})
 
 
@@ -118,8 +138,9 @@ def _constrained(text: str, constraint: str | None) -> str:
     verdict = found.group(1)
     if constraint == "grammar":
         return f"[[{verdict}]]"
-    return orjson.dumps({"grade": int(verdict)} if verdict.isdigit()
-                        else {"verdict": verdict}).decode()  # fmt: skip
+    return orjson.dumps(
+        {"grade": int(verdict)} if verdict.isdigit() else {"verdict": verdict}
+    ).decode()
 
 
 class VerdictServer:
@@ -129,8 +150,9 @@ class VerdictServer:
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)  # fmt: skip
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def __enter__(self) -> VerdictServer:
         self.thread.start()

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str,
-             poll_s: float = 0.02) -> None:
+def wait_for(
+    condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.02
+) -> None:
     """Return as soon as `condition()` is truthy; fail the test naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not condition():

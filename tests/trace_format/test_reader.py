@@ -45,8 +45,10 @@ def test_records_are_validated_and_blank_lines_skipped(tmp_path: Path) -> None:
     [
         (b"{not json", "line 2: not JSON"),
         (b"[1, 2]", "line 2: expected a JSON object"),
-        (orjson.dumps({"schema_version": 99, "id": "x", "time": 1}),
-         "line 2: trace schema_version 99 is not supported"),
+        (
+            orjson.dumps({"schema_version": 99, "id": "x", "time": 1}),
+            "line 2: trace schema_version 99 is not supported",
+        ),
         (orjson.dumps({"schema_version": 1, "time": 1}), "line 2: missing field 'id'"),
         (_rec(score=7), "line 2: field 'score'"),
     ],
@@ -78,8 +80,16 @@ def test_trace_folder_holds_current_and_rotated_files_oldest_first_not_feedback(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "sub").mkdir()
-    for name in ("requests.jsonl", "requests.jsonl.1", "requests.jsonl.2", "requests.jsonl.10",
-                 FEEDBACK_FILE, CONTAMINATION_FILE, "notes.txt", "sub/other.jsonl"):
+    for name in (
+        "requests.jsonl",
+        "requests.jsonl.1",
+        "requests.jsonl.2",
+        "requests.jsonl.10",
+        FEEDBACK_FILE,
+        CONTAMINATION_FILE,
+        "notes.txt",
+        "sub/other.jsonl",
+    ):
         (tmp_path / name).write_text("")
     names = [p.name for p in trace_files([tmp_path])]
     # Oldest first (numeric: .10 is older than .2); the folder's own files, not sub/'s.
@@ -89,19 +99,37 @@ def test_trace_folder_holds_current_and_rotated_files_oldest_first_not_feedback(
 
 
 def test_data_files_walks_a_folder_in_time_order(tmp_path: Path) -> None:
-    for name in ("a/requests.jsonl", "a/requests.jsonl.1", "a/requests.jsonl.10",
-                 "a/requests.jsonl.2", f"a/{FEEDBACK_FILE}", f"b/{CONTAMINATION_FILE}",
-                 "b/responses/q.csv", "b/notes.txt", "b/data.parquet", "a.csv"):
+    for name in (
+        "a/requests.jsonl",
+        "a/requests.jsonl.1",
+        "a/requests.jsonl.10",
+        "a/requests.jsonl.2",
+        f"a/{FEEDBACK_FILE}",
+        f"b/{CONTAMINATION_FILE}",
+        "b/responses/q.csv",
+        "b/notes.txt",
+        "b/data.parquet",
+        "a.csv",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     got = [p.relative_to(tmp_path).as_posix() for p in data_files(tmp_path)]
-    assert got == ["a/requests.jsonl.10", "a/requests.jsonl.2", "a/requests.jsonl.1",
-                   "a/requests.jsonl", "a.csv", "b/responses/q.csv"]  # by path parts, as Path sorts
+    assert got == [
+        "a/requests.jsonl.10",
+        "a/requests.jsonl.2",
+        "a/requests.jsonl.1",
+        "a/requests.jsonl",
+        "a.csv",
+        "b/responses/q.csv",
+    ]  # by path parts, as Path sorts
     assert data_files(tmp_path / "b" / "notes.txt") == [tmp_path / "b" / "notes.txt"]  # as given
     with pytest.raises(TraceFormatError, match="not found"):
         data_files(tmp_path / "absent")
     assert [trace_stem(Path(n)) for n in ("requests.jsonl", "requests.jsonl.3", "q.csv")] == [
-        "requests", "requests", "q"]
+        "requests",
+        "requests",
+        "q",
+    ]
 
 
 def test_missing_trace_file_is_a_format_error(tmp_path: Path) -> None:
@@ -112,17 +140,28 @@ def test_missing_trace_file_is_a_format_error(tmp_path: Path) -> None:
 def test_feedback_file_round_trip_averages_and_skips_torn_lines(tmp_path: Path) -> None:
     path = feedback_path_for(tmp_path / "requests.jsonl")
     assert path == tmp_path / FEEDBACK_FILE
-    lines = [feedback_line(rid, score, None, now=1.0)[1]
-             for rid, score in (("a", 1.0), ("a", 0.5), ("b", 0.0))]
+    lines = [
+        feedback_line(rid, score, None, now=1.0)[1]
+        for rid, score in (("a", 1.0), ("a", 0.5), ("b", 0.0))
+    ]
     path.write_bytes(b"".join(lines) + b'{"request_id": "c", "sco')
     assert load_feedback(path) == {"a": 0.75, "b": 0.0}
     assert load_feedback(tmp_path / "absent.jsonl") == {}
 
 
 def test_request_text_and_upstream_text_read_both_body_kinds() -> None:
-    chat = {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": [{"type": "text", "text": "hello"},
-                                                      {"type": "image_url", "image_url": {}}]}]}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hello"},
+                    {"type": "image_url", "image_url": {}},
+                ],
+            },
+        ]
+    }
     assert request_text(chat, context_turns=0) == "hello"
     assert request_text(chat, context_turns=2) == "be brief\nhello"
     assert upstream_text(chat) == "be brief\nhello"
@@ -132,8 +171,15 @@ def test_request_text_and_upstream_text_read_both_body_kinds() -> None:
 
 def test_side_files_beside_the_traces_are_not_traces(tmp_path: Path) -> None:
     # A proxy trace folder: feedback, the judges' labels and shadow answers sit beside the traces.
-    for name in ("requests.jsonl.1", "requests.jsonl", "feedback.jsonl", "labels.jsonl",
-                 "shadow.jsonl", "shadow.jsonl.1", "shadow-2026-12-01.jsonl"):
+    for name in (
+        "requests.jsonl.1",
+        "requests.jsonl",
+        "feedback.jsonl",
+        "labels.jsonl",
+        "shadow.jsonl",
+        "shadow.jsonl.1",
+        "shadow-2026-12-01.jsonl",
+    ):
         (tmp_path / name).write_text("{}\n")
     assert [p.name for p in data_files(tmp_path)] == ["requests.jsonl.1", "requests.jsonl"]
     assert not is_trace_file(tmp_path / "labels.jsonl")

@@ -14,8 +14,14 @@ from trace_format.routellm_csv import CsvFormatError, iter_rows, parse_outcome
 
 def test_outcomes_parse() -> None:
     assert [parse_outcome(v, "x") for v in ("True", " f ", "YES", "1", "0", "7.5", True)] == [
-        1.0, 0.0, 1.0, 1.0, 0.0, 7.5, 1.0
-    ]  # fmt: skip
+        1.0,
+        0.0,
+        1.0,
+        1.0,
+        0.0,
+        7.5,
+        1.0,
+    ]
     assert math.isnan(parse_outcome("", "x")) and math.isnan(parse_outcome(None, "x"))
     with pytest.raises(CsvFormatError, match=r"f.csv: line 3: .*'maybe'"):
         parse_outcome("maybe", "f.csv: line 3")
@@ -60,8 +66,9 @@ def test_contaminated_prompts_are_flagged_from_the_file_beside_or_above(tmp_path
     )
     rows = list(iter_rows(path, "s", "l", root=tmp_path))  # found one folder up, outcome unparsed
     assert [(r.id, r.contaminated) for r in rows] == [
-        ("mmlu/responses/mmlu.csv:1", False), ("mmlu/responses/mmlu.csv:2", True)
-    ]  # fmt: skip
+        ("mmlu/responses/mmlu.csv:1", False),
+        ("mmlu/responses/mmlu.csv:2", True),
+    ]
     with pytest.raises(CsvFormatError, match="column 's'"):
         list(iter_rows(path, "s", "l", root=tmp_path, exclude_contaminated=False))
     (tmp_path / "mmlu" / "contaminated_prompts.jsonl").write_text("{oops\n")

@@ -46,8 +46,12 @@ def key_of(team: str) -> str:
 
 
 def body(team: str, i: int, **extra: Any) -> dict[str, Any]:
-    return {"model": "auto", "max_tokens": MAX_TOKENS,
-            "messages": [{"role": "user", "content": f"team {team} asks question {i}"}], **extra}
+    return {
+        "model": "auto",
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": f"team {team} asks question {i}"}],
+        **extra,
+    }
 
 
 def worst_nanos(price: Price, b: dict[str, Any]) -> int:
@@ -55,25 +59,50 @@ def worst_nanos(price: Price, b: dict[str, Any]) -> int:
     return round(prompt * price.input_per_mtok * 1000 + MAX_TOKENS * price.output_per_mtok * 1000)
 
 
-def write_config(path: Path, upstream: str, prefix: str, redis_url: str = REDIS_URL,
-                 traces: Path | None = None, **budgets: Any) -> Path:
+def write_config(
+    path: Path,
+    upstream: str,
+    prefix: str,
+    redis_url: str = REDIS_URL,
+    traces: Path | None = None,
+    **budgets: Any,
+) -> Path:
     cfg = {
         "tiers": [
-            {"name": "small", "base_url": upstream, "model": "echo-small",
-             "price": SMALL.model_dump(), "max_inflight": 512, "timeout_s": 30},
-            {"name": "large", "base_url": upstream, "model": "echo-large",
-             "price": LARGE.model_dump(), "max_inflight": 512, "timeout_s": 30},
+            {
+                "name": "small",
+                "base_url": upstream,
+                "model": "echo-small",
+                "price": SMALL.model_dump(),
+                "max_inflight": 512,
+                "timeout_s": 30,
+            },
+            {
+                "name": "large",
+                "base_url": upstream,
+                "model": "echo-large",
+                "price": LARGE.model_dump(),
+                "max_inflight": 512,
+                "timeout_s": 30,
+            },
         ],
         # Threshold 0: every request asks for the large tier; the budget decides the rest.
         "default_policy": "balanced",
-        "policies": {"balanced": {"type": "threshold", "threshold": 0.0,
-                                  "small": "small", "large": "large"}},
-        "teams": {t: {"budget": {"limit_usd": LIMIT_NANOS / 1e9, "period": "total"}}
-                  for t in TEAMS},
+        "policies": {
+            "balanced": {"type": "threshold", "threshold": 0.0, "small": "small", "large": "large"}
+        },
+        "teams": {
+            t: {"budget": {"limit_usd": LIMIT_NANOS / 1e9, "period": "total"}} for t in TEAMS
+        },
         "keys": [{"key_sha256": hash_key(key_of(t)), "team": t} for t in TEAMS],
         "auth": {"required": True},
-        "budgets": {"store": "redis", "redis_url": redis_url, "key_prefix": prefix,
-                    "redis_timeout_s": 5, **budgets},
+        "budgets": {
+            "store": "redis",
+            "redis_url": redis_url,
+            "key_prefix": prefix,
+            "redis_timeout_s": 5,
+            **budgets,
+        },
         "traces": {"path": None if traces is None else str(traces)},
     }
     path.write_text(yaml.safe_dump(cfg))
@@ -83,8 +112,9 @@ def write_config(path: Path, upstream: str, prefix: str, redis_url: str = REDIS_
 LIMITS = {t: BudgetLimit(limit_usd=LIMIT_NANOS / 1e9, period="total") for t in TEAMS}
 
 
-def audit(prefix: str, told: Told, redis_url: str = REDIS_URL,
-          traces: list[Path] | None = None) -> None:
+def audit(
+    prefix: str, told: Told, redis_url: str = REDIS_URL, traces: list[Path] | None = None
+) -> None:
     """The budget audit invariant over every team, as the proxies' store sees it."""
     cfg = BudgetsConfig(store="redis", redis_url=redis_url, key_prefix=prefix)
     check_budget_invariant(cfg, LIMITS, told, traces or [])
@@ -108,7 +138,8 @@ class Ledger:
 
     def open_reservations(self, team: str) -> int:
         return int(self.r.hlen(self.base(team) + ":res")) + int(
-            self.r.zcard(self.base(team) + ":lease"))
+            self.r.zcard(self.base(team) + ":lease")
+        )
 
     def entries(self, team: str) -> list[dict[str, str]]:
         raw = self.r.xrange(self.base(team) + ":ledger")
@@ -120,8 +151,11 @@ class Ledger:
     def rebuilt_matches(self, team: str) -> bool:
         """`cost-router budget audit`'s check: spend rebuilt from the ledger == stored spend."""
         url = self.r.connection_pool.connection_kwargs
-        cfg = BudgetsConfig(store="redis", key_prefix=self.prefix,
-                            redis_url=f"redis://{url['host']}:{url['port']}/0")
+        cfg = BudgetsConfig(
+            store="redis",
+            key_prefix=self.prefix,
+            redis_url=f"redis://{url['host']}:{url['port']}/0",
+        )
 
         async def check() -> bool:
             store = RedisBudgetStore(cfg)
@@ -157,8 +191,9 @@ def prefix() -> Iterator[str]:
 async def _post(
     client: httpx.AsyncClient, url: str, team: str, b: dict[str, Any]
 ) -> httpx.Response:
-    return await client.post(url + "/v1/chat/completions", json=b,
-                             headers={"authorization": f"Bearer {key_of(team)}"})
+    return await client.post(
+        url + "/v1/chat/completions", json=b, headers={"authorization": f"Bearer {key_of(team)}"}
+    )
 
 
 def test_two_replicas_400_concurrent_requests_never_overspend(
@@ -168,12 +203,14 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
     ledger = Ledger(prefix)
     told = Told()
     with proxies([cfg, cfg], tmp_path) as (a, b):
+
         async def storm() -> list[tuple[str, httpx.Response]]:
             limits = httpx.Limits(max_connections=200)
             async with httpx.AsyncClient(timeout=60, limits=limits) as client:
                 jobs = [(TEAMS[i % 4], (a, b)[i % 2].url, i) for i in range(400)]
                 answers = await asyncio.gather(
-                    *(_post(client, url, team, body(team, i)) for team, url, i in jobs))
+                    *(_post(client, url, team, body(team, i)) for team, url, i in jobs)
+                )
             return [(team, ans) for (team, _, _), ans in zip(jobs, answers, strict=True)]
 
         results = asyncio.run(storm())
@@ -198,10 +235,12 @@ def test_two_replicas_400_concurrent_requests_never_overspend(
         assert any(r.headers.get("x-router-downgraded") == "true" for _, r in results)
         for team in TEAMS:  # shown with `pytest -s`: the figures quoted in the report
             mine = [r for t, r in results if t == team]
-            print(f"{team}: {sum(r.status_code == 200 for r in mine)} answered, "
-                  f"{sum(r.headers.get('x-router-downgraded') == 'true' for r in mine)} downgraded,"
-                  f" {sum(r.status_code == 429 for r in mine)} refused; spent "
-                  f"{ledger.spent(team)} of {LIMIT_NANOS} nanos")
+            print(
+                f"{team}: {sum(r.status_code == 200 for r in mine)} answered, "
+                f"{sum(r.headers.get('x-router-downgraded') == 'true' for r in mine)} downgraded,"
+                f" {sum(r.status_code == 429 for r in mine)} refused; spent "
+                f"{ledger.spent(team)} of {LIMIT_NANOS} nanos"
+            )
 
         # No leaked reservation: sequential requests keep fitting until the cheapest option's
         # worst case really no longer fits what is left.
@@ -227,15 +266,20 @@ def test_killed_replica_reservations_are_reclaimed_within_the_lease(
     upstream: str, prefix: str, tmp_path: Path
 ) -> None:
     lease_s = 3.0
-    cfg = write_config(tmp_path / "router.yaml", upstream, prefix, lease_s=lease_s,
-                       sweep_interval_s=0.5)
+    cfg = write_config(
+        tmp_path / "router.yaml", upstream, prefix, lease_s=lease_s, sweep_interval_s=0.5
+    )
     ledger = Ledger(prefix)
     with proxies([cfg, cfg], tmp_path) as (victim, survivor):
+
         async def slow_requests() -> None:
             async with httpx.AsyncClient(timeout=30) as client:
-                tasks = [asyncio.create_task(_post(client, victim.url, "t0",
-                                                   body("t0", i, echo={"delay_ms": 20_000})))
-                         for i in range(10)]
+                tasks = [
+                    asyncio.create_task(
+                        _post(client, victim.url, "t0", body("t0", i, echo={"delay_ms": 20_000}))
+                    )
+                    for i in range(10)
+                ]
                 deadline = time.monotonic() + 10
                 while ledger.open_reservations("t0") < 20 and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
@@ -251,16 +295,21 @@ def test_killed_replica_reservations_are_reclaimed_within_the_lease(
         reclaimed_after = time.monotonic() - killed_at
         assert ledger.reserved("t0") == 0 and ledger.open_reservations("t0") == 0
         assert reclaimed_after <= lease_s + 1.5, reclaimed_after
-        print(f"10 reservations ({held} nanos) of the killed replica reclaimed "
-              f"{reclaimed_after:.2f} s after SIGKILL (lease {lease_s} s)")
+        print(
+            f"10 reservations ({held} nanos) of the killed replica reclaimed "
+            f"{reclaimed_after:.2f} s after SIGKILL (lease {lease_s} s)"
+        )
         assert ledger.spent("t0") == 0  # the dead replica's requests were never charged
         # The whole budget is usable again from the surviving replica.
         ok = 0
         told = Told()  # the killed replica's clients got no answer, and were charged nothing
         with httpx.Client(timeout=30) as client:
             for i in range(20):
-                r = client.post(survivor.url + "/v1/chat/completions", json=body("t0", 100 + i),
-                                headers={"authorization": f"Bearer {key_of('t0')}"})
+                r = client.post(
+                    survivor.url + "/v1/chat/completions",
+                    json=body("t0", 100 + i),
+                    headers={"authorization": f"Bearer {key_of('t0')}"},
+                )
                 assert r.status_code == 200 and "x-router-downgraded" not in r.headers
                 told.response("t0", r)
                 ok += 1
@@ -272,19 +321,36 @@ def test_redis_outage_fail_closed_503_fail_open_journal_and_no_double_charge(
     upstream: str, prefix: str, tmp_path: Path
 ) -> None:
     with private_redis(tmp_path) as server:
-        closed = write_config(tmp_path / "closed.yaml", upstream, prefix, server.url,
-                              redis_timeout_s=0.3, sweep_interval_s=0.5)
-        opened = write_config(tmp_path / "open.yaml", upstream, prefix, server.url,
-                              redis_timeout_s=0.3, sweep_interval_s=0.5, fail_mode="open",
-                              journal_path=str(tmp_path / "journal.jsonl"))
+        closed = write_config(
+            tmp_path / "closed.yaml",
+            upstream,
+            prefix,
+            server.url,
+            redis_timeout_s=0.3,
+            sweep_interval_s=0.5,
+        )
+        opened = write_config(
+            tmp_path / "open.yaml",
+            upstream,
+            prefix,
+            server.url,
+            redis_timeout_s=0.3,
+            sweep_interval_s=0.5,
+            fail_mode="open",
+            journal_path=str(tmp_path / "journal.jsonl"),
+        )
         ledger = Ledger(prefix, server.url)
         with proxies([closed, opened], tmp_path) as (pc, po):
             told = 0
             told_by = Told()
             with httpx.Client(timeout=30) as client:
+
                 def post(p: Any, i: int, **extra: Any) -> httpx.Response:
-                    return client.post(p.url + "/v1/chat/completions", json=body("t1", i, **extra),
-                                       headers={"authorization": f"Bearer {key_of('t1')}"})
+                    return client.post(
+                        p.url + "/v1/chat/completions",
+                        json=body("t1", i, **extra),
+                        headers={"authorization": f"Bearer {key_of('t1')}"},
+                    )
 
                 for i in range(6):  # the last on the fail-open replica: it has seen the key
                     r = post(pc if i < 5 else po, i)
@@ -296,10 +362,12 @@ def test_redis_outage_fail_closed_503_fail_open_journal_and_no_double_charge(
 
                 async def in_flight_when_redis_dies() -> list[httpx.Response]:
                     async with httpx.AsyncClient(timeout=30) as ac:
-                        tasks = [asyncio.create_task(_post(ac, pc.url, "t1",
-                                                           body("t1", 50 + i,
-                                                                echo={"delay_ms": 1500})))
-                                 for i in range(4)]
+                        tasks = [
+                            asyncio.create_task(
+                                _post(ac, pc.url, "t1", body("t1", 50 + i, echo={"delay_ms": 1500}))
+                            )
+                            for i in range(4)
+                        ]
                         deadline = time.monotonic() + 10
                         while ledger.open_reservations("t1") < 8:
                             assert time.monotonic() < deadline, "requests never reserved"
@@ -350,8 +418,12 @@ def test_stream_disconnect_settles_what_was_produced(
     told = Told()
     with proxies([cfg], tmp_path) as (p,), httpx.Client(timeout=30) as client:
         full = body("t2", 1, stream=True, stream_options={"include_usage": True})
-        with client.stream("POST", p.url + "/v1/chat/completions", json=full,
-                           headers={"authorization": f"Bearer {key_of('t2')}"}) as r:
+        with client.stream(
+            "POST",
+            p.url + "/v1/chat/completions",
+            json=full,
+            headers={"authorization": f"Bearer {key_of('t2')}"},
+        ) as r:
             chunks = [line for line in r.iter_lines() if line.startswith("data: ")]
             told.stream("t2", r, chunks)
         assert chunks[-1] == "data: [DONE]"
@@ -360,8 +432,12 @@ def test_stream_disconnect_settles_what_was_produced(
         assert whole == ACTUAL_LARGE_NANOS
 
         cut = body("t2", 2, stream=True, echo={"chunk_delay_ms": 300, "chunks": 8})
-        with client.stream("POST", p.url + "/v1/chat/completions", json=cut,
-                           headers={"authorization": f"Bearer {key_of('t2')}"}) as r:
+        with client.stream(
+            "POST",
+            p.url + "/v1/chat/completions",
+            json=cut,
+            headers={"authorization": f"Bearer {key_of('t2')}"},
+        ) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break  # hang up after the first chunk

@@ -48,26 +48,49 @@ def key_of(team: str) -> str:
     return f"sk-test-{team}"
 
 
-def write_config(path: Path, upstream: str, url: str, prefix: str, teams: list[str],
-                 **budgets: Any) -> Path:
-    path.write_text(yaml.safe_dump({
-        "tiers": [{"name": "small", "base_url": upstream, "model": "echo",
-                   "price": {"input_per_mtok": 100, "output_per_mtok": 1000}}],
-        "teams": {t: {"budget": {"limit_usd": 10.0, "period": "daily"}} for t in teams},
-        "keys": [{"key_sha256": hash_key(key_of(t)), "team": t} for t in teams],
-        "auth": {"required": True},
-        "budgets": {"store": "redis-cluster", "redis_url": url, "key_prefix": prefix,
-                    "key_cache_s": 0, "redis_timeout_s": 2, **budgets},
-        "traces": {"path": str(path.parent / "traces.jsonl")},
-    }))
+def write_config(
+    path: Path, upstream: str, url: str, prefix: str, teams: list[str], **budgets: Any
+) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": [
+                    {
+                        "name": "small",
+                        "base_url": upstream,
+                        "model": "echo",
+                        "price": {"input_per_mtok": 100, "output_per_mtok": 1000},
+                    }
+                ],
+                "teams": {t: {"budget": {"limit_usd": 10.0, "period": "daily"}} for t in teams},
+                "keys": [{"key_sha256": hash_key(key_of(t)), "team": t} for t in teams],
+                "auth": {"required": True},
+                "budgets": {
+                    "store": "redis-cluster",
+                    "redis_url": url,
+                    "key_prefix": prefix,
+                    "key_cache_s": 0,
+                    "redis_timeout_s": 2,
+                    **budgets,
+                },
+                "traces": {"path": str(path.parent / "traces.jsonl")},
+            }
+        )
+    )
     return path
 
 
 def chat(url: str, key: str) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", timeout=30,
-                      headers={"authorization": f"Bearer {key}"},
-                      json={"model": "auto", "max_tokens": 8,
-                            "messages": [{"role": "user", "content": "hello cluster"}]})
+    return httpx.post(
+        url + "/v1/chat/completions",
+        timeout=30,
+        headers={"authorization": f"Bearer {key}"},
+        json={
+            "model": "auto",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hello cluster"}],
+        },
+    )
 
 
 def cli(*args: str) -> Any:
@@ -81,7 +104,9 @@ def upstream() -> Iterator[str]:
 
 
 def test_every_team_works_whatever_master_holds_its_slot_and_keys_live_on_the_cluster(
-    redis_cluster: RunningCluster, upstream: str, tmp_path: Path,
+    redis_cluster: RunningCluster,
+    upstream: str,
+    tmp_path: Path,
 ) -> None:
     teams = teams_on_every_master(redis_cluster)
     prefix = random_prefix()
@@ -105,8 +130,10 @@ def test_every_team_works_whatever_master_holds_its_slot_and_keys_live_on_the_cl
         assert r.status_code == 200, r.text
         told[teams[1]] += usd_to_nanos(float(r.headers["x-router-cost-usd"]))
 
-        listed = [json.loads(line) for line in
-                  cli("keys", "list", "--json", "--config", str(path)).stdout.splitlines()]
+        listed = [
+            json.loads(line)
+            for line in cli("keys", "list", "--json", "--config", str(path)).stdout.splitlines()
+        ]
         runtime = [k for k in listed if k["source"] == "runtime"]
         assert [k["team"] for k in runtime] == [teams[1]]
         revoked = cli("keys", "revoke", runtime[0]["key_id"], "--config", str(path))
@@ -119,8 +146,10 @@ def test_every_team_works_whatever_master_holds_its_slot_and_keys_live_on_the_cl
     for team in teams:
         assert usd_to_nanos(spent[team]) == told[team]
         ledger = cli("budget", "ledger", "--team", team, "--json", "--config", str(path))
-        assert sum(usd_to_nanos(json.loads(line)["usd"]) for line in
-                   ledger.stdout.splitlines()) == told[team]
+        assert (
+            sum(usd_to_nanos(json.loads(line)["usd"]) for line in ledger.stdout.splitlines())
+            == told[team]
+        )
     audit = cli("budget", "audit", "--config", str(path))
     assert audit.exit_code == 0, audit.output
     redis_cluster.delete_prefix(prefix)
@@ -130,15 +159,29 @@ def test_config_check_names_the_key_of_a_cluster_url_the_client_cannot_use(
     tmp_path: Path,
 ) -> None:
     """Before the fix `redis+cluster://` passed `config check` and `serve` then crashed."""
-    base = {"tiers": [{"name": "t", "base_url": "http://127.0.0.1:9/v1", "model": "m",
-                       "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]}
+    base = {
+        "tiers": [
+            {
+                "name": "t",
+                "base_url": "http://127.0.0.1:9/v1",
+                "model": "m",
+                "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+            }
+        ]
+    }
     for budgets, says in [
-        ({"store": "redis", "redis_url": "redis+cluster://127.0.0.1:7000"},
-         "budgets.redis_url: Value error, unsupported scheme 'redis+cluster'"),
-        ({"store": "redis-cluster", "redis_url": "redis://127.0.0.1:7000/3"},
-         "budgets.redis_url: Value error, a Redis Cluster has only db 0"),
-        ({"store": "redis", "redis_url": "redis://127.0.0.1:notaport"},
-         "budgets.redis_url: Value error, not a valid URL"),
+        (
+            {"store": "redis", "redis_url": "redis+cluster://127.0.0.1:7000"},
+            "budgets.redis_url: Value error, unsupported scheme 'redis+cluster'",
+        ),
+        (
+            {"store": "redis-cluster", "redis_url": "redis://127.0.0.1:7000/3"},
+            "budgets.redis_url: Value error, a Redis Cluster has only db 0",
+        ),
+        (
+            {"store": "redis", "redis_url": "redis://127.0.0.1:notaport"},
+            "budgets.redis_url: Value error, not a valid URL",
+        ),
     ]:
         path = tmp_path / "bad.yaml"
         path.write_text(yaml.safe_dump({**base, "budgets": budgets}))
@@ -148,10 +191,10 @@ def test_config_check_names_the_key_of_a_cluster_url_the_client_cannot_use(
 
 
 def test_a_cluster_store_on_a_server_without_cluster_mode_is_not_ready_and_never_500(
-    upstream: str, tmp_path: Path,
+    upstream: str,
+    tmp_path: Path,
 ) -> None:
-    path = write_config(tmp_path / "router.yaml", upstream, REDIS_URL, random_prefix(),
-                        ["alpha"])
+    path = write_config(tmp_path / "router.yaml", upstream, REDIS_URL, random_prefix(), ["alpha"])
     with proxies([path], tmp_path) as (proxy,):
         ready = httpx.get(proxy.url + "/readyz", timeout=10)
         assert ready.status_code == 503 and not ready.json()["checks"]["budgets"]["ok"]
@@ -162,16 +205,24 @@ def test_a_cluster_store_on_a_server_without_cluster_mode_is_not_ready_and_never
 
 
 def test_a_master_failover_is_not_ready_then_the_team_on_it_works_again(
-    upstream: str, tmp_path: Path,
+    upstream: str,
+    tmp_path: Path,
 ) -> None:
     with running_cluster() as cluster:
         teams = teams_on_every_master(cluster)
         victim_team = teams[0]
         victim = cluster.master_of_slot(key_slot(victim_team.encode()))
         seed = next(n for n in cluster.nodes if n.port != victim.port)
-        path = write_config(tmp_path / "router.yaml", upstream, f"redis://{seed.address}/0",
-                            random_prefix(), teams, redis_timeout_s=0.5)
+        path = write_config(
+            tmp_path / "router.yaml",
+            upstream,
+            f"redis://{seed.address}/0",
+            random_prefix(),
+            teams,
+            redis_timeout_s=0.5,
+        )
         with proxies([path], tmp_path) as (proxy,):
+
             def ready() -> int:
                 return httpx.get(proxy.url + "/readyz", timeout=10).status_code
 
@@ -199,15 +250,25 @@ def test_wait_replicas_confirms_writes_on_the_cluster_and_refuses_unconfirmed_ho
     scope = BudgetScope("alpha", None, BudgetLimit(limit_usd=1.0, period="total"))
 
     async def on(store_kind: str, url: str, prefix: str) -> list[Any]:
-        store, _ = build_stores(BudgetsConfig(store=store_kind, redis_url=url, key_prefix=prefix,
-                                              redis_wait_replicas=1, redis_wait_timeout_ms=200,
-                                              redis_timeout_s=5))
+        store, _ = build_stores(
+            BudgetsConfig(
+                store=store_kind,
+                redis_url=url,
+                key_prefix=prefix,
+                redis_wait_replicas=1,
+                redis_wait_timeout_ms=200,
+                redis_timeout_s=5,
+            )
+        )
         try:
             try:
                 await store.reserve(scope, "r1", 0.5, 10)
             except BudgetUnavailable:
-                return ["refused", (await store.status(scope))[0].reserved_nanos,
-                        await store.ledger("alpha")]
+                return [
+                    "refused",
+                    (await store.status(scope))[0].reserved_nanos,
+                    await store.ledger("alpha"),
+                ]
             settled = await store.settle("r1", 0.25, 5)
             return ["ok", settled.charged_nanos, [e.nanos for e in await store.ledger("alpha")]]
         finally:
@@ -216,7 +277,10 @@ def test_wait_replicas_confirms_writes_on_the_cluster_and_refuses_unconfirmed_ho
     prefix = random_prefix()
     try:
         assert asyncio.run(on("redis-cluster", redis_cluster.url, prefix)) == [
-            "ok", usd_to_nanos(0.25), [usd_to_nanos(0.25)]]
+            "ok",
+            usd_to_nanos(0.25),
+            [usd_to_nanos(0.25)],
+        ]
     finally:
         redis_cluster.delete_prefix(prefix)
     single = random_prefix()
@@ -228,19 +292,22 @@ def test_wait_replicas_confirms_writes_on_the_cluster_and_refuses_unconfirmed_ho
 
 @pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
 def test_the_key_store_is_sharded_and_still_reads_keys_of_the_single_hash(
-    kind: str, request: pytest.FixtureRequest,
+    kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Keys land in 256 hash-tagged buckets (one slot each, spread over the masters); a record
     in the old single hash `<prefix>:keys` still authenticates, and revoking it wins."""
-    cluster: RunningCluster | None = request.getfixturevalue("redis_cluster") \
-        if kind == "redis-cluster" else None
+    cluster: RunningCluster | None = (
+        request.getfixturevalue("redis_cluster") if kind == "redis-cluster" else None
+    )
     url = cluster.url if cluster else REDIS_URL
     prefix = random_prefix()
     legacy = KeyRecord(hash_key("sk-legacy"), "old", created=1.0)
 
     async def main() -> None:
-        store, key_store = build_stores(BudgetsConfig(store=kind, redis_url=url,
-                                                      key_prefix=prefix, redis_timeout_s=5))
+        store, key_store = build_stores(
+            BudgetsConfig(store=kind, redis_url=url, key_prefix=prefix, redis_timeout_s=5)
+        )
         ring = KeyRing([], AuthConfig(required=True), key_store, cache_s=0)
         try:
             await store.redis.hset(f"{prefix}:keys", legacy.key_sha256, legacy.to_json())
@@ -268,7 +335,9 @@ def test_the_key_store_is_sharded_and_still_reads_keys_of_the_single_hash(
 
 
 def test_a_single_redis_store_pointed_at_a_cluster_node_is_not_ready_and_never_500(
-    redis_cluster: RunningCluster, upstream: str, tmp_path: Path,
+    redis_cluster: RunningCluster,
+    upstream: str,
+    tmp_path: Path,
 ) -> None:
     """What old main did with any cluster: 500 (MovedError) for teams on other masters."""
     teams = teams_on_every_master(redis_cluster)

@@ -67,7 +67,8 @@ class Job:
 
     def body(self) -> dict[str, Any]:
         b: dict[str, Any] = {
-            "model": "auto", "max_tokens": MAX_TOKENS,
+            "model": "auto",
+            "max_tokens": MAX_TOKENS,
             "messages": [{"role": "user", "content": f"team {self.team} asks question {self.i}"}],
             "metadata": {"fault": self.fault, "fault_mb": HUGE_STREAM_MB},
         }
@@ -99,8 +100,10 @@ def served_faults(upstream: str) -> Counter[str]:
 
 def worst_nanos(b: dict[str, Any]) -> int:
     """The request's worst case on the large tier: what a settle may charge it at most."""
-    return round(prompt_token_bound(b) * LARGE.input_per_mtok * 1000
-                 + MAX_TOKENS * LARGE.output_per_mtok * 1000)
+    return round(
+        prompt_token_bound(b) * LARGE.input_per_mtok * 1000
+        + MAX_TOKENS * LARGE.output_per_mtok * 1000
+    )
 
 
 @dataclass(slots=True)
@@ -128,8 +131,9 @@ async def send(client: httpx.AsyncClient, url: str, job: Job, told: Told) -> Out
     out = Outcome(job)
     headers = {"authorization": f"Bearer sk-test-{job.team}"}
     try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=job.body(),
-                                 headers=headers) as resp:  # fmt: skip
+        async with client.stream(
+            "POST", url + "/v1/chat/completions", json=job.body(), headers=headers
+        ) as resp:
             out.status, out.request_id = resp.status_code, resp.headers.get("x-router-request-id")
             try:
                 if job.stream and resp.status_code == 200:
@@ -151,17 +155,31 @@ async def send(client: httpx.AsyncClient, url: str, job: Job, told: Told) -> Out
 def write_config(path: Path, upstream: str, store: dict[str, Any], trace: Path) -> Path:
     cfg = {
         "tiers": [
-            {"name": "small", "base_url": upstream, "model": "echo-small",
-             "price": SMALL.model_dump(), "max_inflight": 512, "timeout_s": TIER_TIMEOUT_S},
-            {"name": "large", "base_url": upstream, "model": "echo-large",
-             "price": LARGE.model_dump(), "max_inflight": 512, "timeout_s": TIER_TIMEOUT_S},
+            {
+                "name": "small",
+                "base_url": upstream,
+                "model": "echo-small",
+                "price": SMALL.model_dump(),
+                "max_inflight": 512,
+                "timeout_s": TIER_TIMEOUT_S,
+            },
+            {
+                "name": "large",
+                "base_url": upstream,
+                "model": "echo-large",
+                "price": LARGE.model_dump(),
+                "max_inflight": 512,
+                "timeout_s": TIER_TIMEOUT_S,
+            },
         ],
         # Threshold 0: every request asks for the large tier; the budget decides the rest.
         "default_policy": "balanced",
-        "policies": {"balanced": {"type": "threshold", "threshold": 0.0,
-                                  "small": "small", "large": "large"}},
-        "teams": {t: {"budget": {"limit_usd": LIMIT_NANOS / 1e9, "period": "total"}}
-                  for t in TEAMS},
+        "policies": {
+            "balanced": {"type": "threshold", "threshold": 0.0, "small": "small", "large": "large"}
+        },
+        "teams": {
+            t: {"budget": {"limit_usd": LIMIT_NANOS / 1e9, "period": "total"}} for t in TEAMS
+        },
         "keys": [{"key_sha256": hash_key(f"sk-test-{t}"), "team": t} for t in TEAMS],
         "auth": {"required": True},
         "budgets": store,
@@ -215,9 +233,16 @@ def looks_complete(o: Outcome) -> bool:
 def per_fault_report(outcomes: list[Outcome], audit: Audit) -> dict[str, dict[str, Any]]:
     """For each fault: statuses (and client errors) seen, nanos charged, requests charged past
     their worst case, and the markers of upstream internals that reached a client."""
-    report: dict[str, dict[str, Any]] = defaultdict(lambda: {
-        "n": 0, "statuses": Counter(), "charged": 0, "over_worst": 0, "leaked": Counter(),
-        "looks_complete": 0})
+    report: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {
+            "n": 0,
+            "statuses": Counter(),
+            "charged": 0,
+            "over_worst": 0,
+            "leaked": Counter(),
+            "looks_complete": 0,
+        }
+    )
     for o in outcomes:
         r = report[o.job.fault]
         r["n"] += 1
@@ -238,16 +263,22 @@ def test_400_concurrent_requests_with_20pct_upstream_faults_keep_the_audit_invar
     upstream: str, budgets_section: dict[str, Any], tmp_path: Path
 ) -> None:
     traces = [tmp_path / f"traces{r}" / "requests.jsonl" for r in (0, 1)]
-    cfgs = [write_config(tmp_path / f"router{r}.yaml", upstream, budgets_section, traces[r])
-            for r in (0, 1)]  # fmt: skip
+    cfgs = [
+        write_config(tmp_path / f"router{r}.yaml", upstream, budgets_section, traces[r])
+        for r in (0, 1)
+    ]
     told = Told()
     before = served_faults(upstream)
     with proxies(cfgs, tmp_path) as replicas:
+
         async def storm() -> list[Outcome]:
             limits = httpx.Limits(max_connections=200)
             async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-                return list(await asyncio.gather(
-                    *(send(client, replicas[j.replica].url, j, told) for j in jobs())))
+                return list(
+                    await asyncio.gather(
+                        *(send(client, replicas[j.replica].url, j, told) for j in jobs())
+                    )
+                )
 
         t0 = time.perf_counter()
         outcomes = asyncio.run(storm())
@@ -257,34 +288,56 @@ def test_400_concurrent_requests_with_20pct_upstream_faults_keep_the_audit_invar
 
     faults = per_fault_report(outcomes, audit)
     served = served_faults(upstream) - before
-    print(f"\n{REQUESTS} requests in {storm_s:.1f} s; "
-          f"{sum(j.fault != 'none' for j in jobs())} of them faulted; "
-          f"{len(told.untold())} answers told no cost; {told.anonymous} without a request id;"
-          f" the upstream served {dict(served)}")
+    print(
+        f"\n{REQUESTS} requests in {storm_s:.1f} s; "
+        f"{sum(j.fault != 'none' for j in jobs())} of them faulted; "
+        f"{len(told.untold())} answers told no cost; {told.anonymous} without a request id;"
+        f" the upstream served {dict(served)}"
+    )
     print(audit.figures())
     for name, r in sorted(faults.items()):
-        print(f"{name:22s} n={r['n']:3d} statuses={dict(r['statuses'])} charged={r['charged']} "
-              f"over_worst_case={r['over_worst']} leaked={dict(r['leaked'])} "
-              f"truncated_but_looks_complete={r['looks_complete']}")
+        print(
+            f"{name:22s} n={r['n']:3d} statuses={dict(r['statuses'])} charged={r['charged']} "
+            f"over_worst_case={r['over_worst']} leaked={dict(r['leaked'])} "
+            f"truncated_but_looks_complete={r['looks_complete']}"
+        )
 
     problems = audit.breaches()
     # No client hangs up here, so every charge was told (the final usage chunk of a stream that
     # failed mid-way included), not merely recorded in a trace.
-    problems += [f"{a.team}: {a.untold_trace_nanos} nanos charged to requests whose client was "
-                 "told no cost" for a in audit.teams if a.untold_trace_nanos]
-    problems += [f"{name}: {r['over_worst']} requests charged past their worst case"
-                 for name, r in faults.items() if r["over_worst"]]
-    problems += [f"{name}: {dict(r['leaked'])} reached clients"
-                 for name, r in faults.items() if r["leaked"]]
-    problems += [f"{name}: {r['looks_complete']} truncated streams reached the client with no "
-                 "error event" for name, r in faults.items() if r["looks_complete"]]
-    problems += [f"request {o.job.i} ({o.job.fault}): status {o.status}"
-                 for o in outcomes if o.status is None or o.status >= 500 and o.status not in (
-                     502, 503, 504)]  # fmt: skip
-    problems += [f"request {o.job.i} ({o.job.fault}): client saw {o.error}"
-                 for o in outcomes if o.error is not None]
-    problems += [f"request {o.job.i} ({o.job.fault}): {o.label()}"
-                 for o in outcomes if "budget_unavailable" in o.label()]  # the store failed
+    problems += [
+        f"{a.team}: {a.untold_trace_nanos} nanos charged to requests whose client was told no cost"
+        for a in audit.teams
+        if a.untold_trace_nanos
+    ]
+    problems += [
+        f"{name}: {r['over_worst']} requests charged past their worst case"
+        for name, r in faults.items()
+        if r["over_worst"]
+    ]
+    problems += [
+        f"{name}: {dict(r['leaked'])} reached clients" for name, r in faults.items() if r["leaked"]
+    ]
+    problems += [
+        f"{name}: {r['looks_complete']} truncated streams reached the client with no error event"
+        for name, r in faults.items()
+        if r["looks_complete"]
+    ]
+    problems += [
+        f"request {o.job.i} ({o.job.fault}): status {o.status}"
+        for o in outcomes
+        if o.status is None or o.status >= 500 and o.status not in (502, 503, 504)
+    ]
+    problems += [
+        f"request {o.job.i} ({o.job.fault}): client saw {o.error}"
+        for o in outcomes
+        if o.error is not None
+    ]
+    problems += [
+        f"request {o.job.i} ({o.job.fault}): {o.label()}"
+        for o in outcomes
+        if "budget_unavailable" in o.label()
+    ]  # the store failed
     ok = Counter(o.job.team for o in outcomes if o.status == 200 and o.job.fault == "none")
     assert all(ok[t] > 0 for t in TEAMS), ok  # the budget did admit work: not a hollow run
     assert all(served[f] > 0 for f in FAULTS), served  # every fault did reach the proxy

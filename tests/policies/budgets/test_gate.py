@@ -9,9 +9,9 @@ import pytest
 
 from policies.budgets.memory import InMemoryBudgetStore
 from policies.keys import Identity
-from router.budget_gate import BudgetGate
 from router.config import RouterConfig, config_from_dict
-from router.errors import RouterError
+from router.http.errors import RouterError
+from router.proxy.budget_gate import BudgetGate
 
 CHAT = "chat/completions"
 BODY = {"model": "auto", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
@@ -19,16 +19,27 @@ BODY = {"model": "auto", "max_tokens": 100, "messages": [{"role": "user", "conte
 
 def config(limit: float, downgrade: bool = True, **team: Any) -> RouterConfig:
     tier = {"kind": "replay", "replay_trace": "t.jsonl"}
-    return config_from_dict({
-        "tiers": [
-            {**tier, "name": "small", "model": "s", "fallback": ["large"],
-             "price": {"input_per_mtok": 1, "output_per_mtok": 1}},
-            {**tier, "name": "large", "model": "l",
-             "price": {"input_per_mtok": 100, "output_per_mtok": 100}},
-        ],
-        "teams": {"a": {"budget": {"limit_usd": limit, "period": "daily", **team}}},
-        "budgets": {"downgrade": downgrade},
-    })
+    return config_from_dict(
+        {
+            "tiers": [
+                {
+                    **tier,
+                    "name": "small",
+                    "model": "s",
+                    "fallback": ["large"],
+                    "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+                },
+                {
+                    **tier,
+                    "name": "large",
+                    "model": "l",
+                    "price": {"input_per_mtok": 100, "output_per_mtok": 100},
+                },
+            ],
+            "teams": {"a": {"budget": {"limit_usd": limit, "period": "daily", **team}}},
+            "budgets": {"downgrade": downgrade},
+        }
+    )
 
 
 def gate_for(cfg: RouterConfig) -> BudgetGate:
@@ -50,16 +61,18 @@ def test_the_chain_as_chosen_when_it_fits() -> None:
 def test_a_pricier_fallback_is_dropped_when_only_the_first_tier_fits() -> None:
     cfg = config(0.005)  # small's worst case (~$0.0002) fits, large's (~$0.02) does not
     small, large = cfg.tier("small"), cfg.tier("large")
-    admitted = asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [small, large],
-        endpoint=CHAT))
+    admitted = asyncio.run(
+        gate_for(cfg).reserve("r1", Identity("a"), BODY, [small, large], endpoint=CHAT)
+    )
     assert names(admitted.chain) == ["small"] and not admitted.downgraded
 
 
 def test_downgrade_to_a_cheaper_tier_of_the_policy() -> None:
     cfg = config(0.005)
     small, large = cfg.tier("small"), cfg.tier("large")
-    admitted = asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small],
-        endpoint=CHAT))
+    admitted = asyncio.run(
+        gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
+    )
     assert names(admitted.chain) == ["small"] and admitted.downgraded
 
 
@@ -67,18 +80,23 @@ def test_nothing_fits_or_downgrade_off_is_429() -> None:
     cfg = config(0.005, downgrade=False)
     small, large = cfg.tier("small"), cfg.tier("large")
     with pytest.raises(RouterError) as err:
-        asyncio.run(gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small],
-            endpoint=CHAT))
+        asyncio.run(
+            gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
+        )
     assert err.value.status == 429 and err.value.code == "budget_exceeded"
     with pytest.raises(RouterError):
-        asyncio.run(gate_for(config(0.0)).reserve("r1", Identity("a"), BODY, [large], [small],
-            endpoint=CHAT))
+        asyncio.run(
+            gate_for(config(0.0)).reserve(
+                "r1", Identity("a"), BODY, [large], [small], endpoint=CHAT
+            )
+        )
 
 
 def refusal(gate: BudgetGate, cfg: RouterConfig, request_id: str) -> RouterError:
     with pytest.raises(RouterError) as err:
-        asyncio.run(gate.reserve(request_id, Identity("a"), BODY, [cfg.tier("large")],
-                                 endpoint=CHAT))  # fmt: skip
+        asyncio.run(
+            gate.reserve(request_id, Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT)
+        )
     assert err.value.status == 429 and err.value.code == "budget_exceeded"
     return err.value
 

@@ -24,27 +24,49 @@ UNSEEN = "sk-conf-unseen"  # in the config file, never used before the outage
 
 
 def _chat(url: str, key: str) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", timeout=30,
-                      headers={"authorization": f"Bearer {key}"},
-                      json={"model": "auto", "max_tokens": 4,
-                            "messages": [{"role": "user", "content": "hi"}]})
+    return httpx.post(
+        url + "/v1/chat/completions",
+        timeout=30,
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": "auto", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    )
 
 
 def test_a_revoked_key_stays_revoked_while_redis_is_down(tmp_path: Path) -> None:
     prefix = random_prefix()
-    keys = [{"key_sha256": hash_key(REVOKED), "team": "alpha"},
-            {"key_sha256": hash_key(UNSEEN), "team": "alpha"}]
+    keys = [
+        {"key_sha256": hash_key(REVOKED), "team": "alpha"},
+        {"key_sha256": hash_key(UNSEEN), "team": "alpha"},
+    ]
     with private_redis(tmp_path) as server, running_echo_upstream() as upstream:
-        budgets: dict[str, Any] = {"store": "redis", "redis_url": server.url, "key_prefix": prefix,
-                                   "fail_mode": "open", "key_cache_s": 0, "redis_timeout_s": 0.3,
-                                   "journal_path": str(tmp_path / "journal.jsonl")}
+        budgets: dict[str, Any] = {
+            "store": "redis",
+            "redis_url": server.url,
+            "key_prefix": prefix,
+            "fail_mode": "open",
+            "key_cache_s": 0,
+            "redis_timeout_s": 0.3,
+            "journal_path": str(tmp_path / "journal.jsonl"),
+        }
         path = tmp_path / "router.yaml"
-        path.write_text(yaml.safe_dump({
-            "tiers": [{"name": "small", "base_url": upstream, "model": "echo",
-                       "price": {"input_per_mtok": 1, "output_per_mtok": 1}}],
-            "keys": keys, "auth": {"required": True}, "budgets": budgets,
-            "traces": {"path": str(tmp_path / "traces.jsonl")},
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "tiers": [
+                        {
+                            "name": "small",
+                            "base_url": upstream,
+                            "model": "echo",
+                            "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+                        }
+                    ],
+                    "keys": keys,
+                    "auth": {"required": True},
+                    "budgets": budgets,
+                    "traces": {"path": str(tmp_path / "traces.jsonl")},
+                }
+            )
+        )
 
         async def admin() -> tuple[str, str]:
             """As `cost-router keys create/revoke` does: a run-time key that stays valid, one

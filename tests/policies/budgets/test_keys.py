@@ -27,14 +27,25 @@ from router.commands.common import EXIT_BAD_INPUT
 from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
 
 # Only the config files the commands read need a tier.
-TIER = {"name": "small", "kind": "replay", "model": "m", "replay_trace": "t.jsonl",
-        "price": {"input_per_mtok": 1, "output_per_mtok": 2}}
+TIER = {
+    "name": "small",
+    "kind": "replay",
+    "model": "m",
+    "replay_trace": "t.jsonl",
+    "price": {"input_per_mtok": 1, "output_per_mtok": 2},
+}
 
 
-def ring_of(store: KeyStore, required: bool, keys: list[dict[str, Any]] | None = None,
-            cache_s: float = 5.0, **auth: Any) -> KeyRing:
-    return KeyRing([KeyConfig(**k) for k in keys or []], AuthConfig(required=required, **auth),
-                   store, cache_s)
+def ring_of(
+    store: KeyStore,
+    required: bool,
+    keys: list[dict[str, Any]] | None = None,
+    cache_s: float = 5.0,
+    **auth: Any,
+) -> KeyRing:
+    return KeyRing(
+        [KeyConfig(**k) for k in keys or []], AuthConfig(required=required, **auth), store, cache_s
+    )
 
 
 @pytest.fixture
@@ -45,8 +56,11 @@ def prefix() -> Iterator[str]:
 
 
 def test_keys_are_stored_only_as_hashes_and_map_to_identity() -> None:
-    ring = ring_of(InMemoryKeyStore(), True,
-                   [{"key_sha256": hash_key("sk-alpha"), "team": "alpha", "user": "ann"}])
+    ring = ring_of(
+        InMemoryKeyStore(),
+        True,
+        [{"key_sha256": hash_key("sk-alpha"), "team": "alpha", "user": "ann"}],
+    )
 
     async def main() -> None:
         ident = await ring.authenticate("Bearer sk-alpha")
@@ -97,11 +111,16 @@ def test_revocation_reaches_every_replica_through_redis(prefix: str) -> None:
 
 def test_cli_manages_keys_and_budgets_of_a_running_deployment(tmp_path: Any, prefix: str) -> None:
     path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump({
-        "tiers": [TIER], "auth": {"required": True},
-        "teams": {"alpha": {"budget": {"limit_usd": 2.0, "period": "daily"}}},
-        "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": [TIER],
+                "auth": {"required": True},
+                "teams": {"alpha": {"budget": {"limit_usd": 2.0, "period": "daily"}}},
+                "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
+            }
+        )
+    )
     runner = CliRunner()
 
     def cli(*args: str) -> str:
@@ -141,11 +160,23 @@ def test_cli_bad_config_or_arguments_exit_2(tmp_path: Any) -> None:
     path.write_text(yaml.safe_dump({"tiers": [TIER], "budgets": {"store": "nowhere"}}))
     result = CliRunner().invoke(cli_app, ["budget", "show", "--config", str(path)])
     assert result.exit_code == EXIT_BAD_INPUT and "budgets.store" in result.output
-    result = CliRunner().invoke(cli_app, ["budget", "set", "--team", "a",
-                                          "--redis-url", REDIS_URL])
+    result = CliRunner().invoke(cli_app, ["budget", "set", "--team", "a", "--redis-url", REDIS_URL])
     assert result.exit_code == EXIT_BAD_INPUT and "--limit-usd" in result.output
-    result = CliRunner().invoke(cli_app, ["budget", "set", "--team", "a", "--limit-usd", "1",
-                                          "--period", "fortnightly", "--redis-url", REDIS_URL])
+    result = CliRunner().invoke(
+        cli_app,
+        [
+            "budget",
+            "set",
+            "--team",
+            "a",
+            "--limit-usd",
+            "1",
+            "--period",
+            "fortnightly",
+            "--redis-url",
+            REDIS_URL,
+        ],
+    )
     assert result.exit_code == EXIT_BAD_INPUT
     assert "hourly, daily, weekly, monthly, total" in result.output
 
@@ -153,12 +184,26 @@ def test_cli_bad_config_or_arguments_exit_2(tmp_path: Any) -> None:
 def test_budget_set_accepts_hourly_and_weekly(tmp_path: Any, prefix: str) -> None:
     env = {"COST_ROUTER_CONFIG": None, "COST_ROUTER__BUDGETS__KEY_PREFIX": prefix}
     for period in ("hourly", "weekly"):
-        result = CliRunner().invoke(cli_app, ["budget", "set", "--team", "a", "--limit-usd", "1",
-                                              "--period", period, "--redis-url", REDIS_URL],
-                                    env=env)  # fmt: skip
+        result = CliRunner().invoke(
+            cli_app,
+            [
+                "budget",
+                "set",
+                "--team",
+                "a",
+                "--limit-usd",
+                "1",
+                "--period",
+                period,
+                "--redis-url",
+                REDIS_URL,
+            ],
+            env=env,
+        )
         assert result.exit_code == 0, result.output
-        shown = CliRunner().invoke(cli_app, ["budget", "show", "--team", "a", "--json",
-                                             "--redis-url", REDIS_URL], env=env)  # fmt: skip
+        shown = CliRunner().invoke(
+            cli_app, ["budget", "show", "--team", "a", "--json", "--redis-url", REDIS_URL], env=env
+        )
         assert json.loads(shown.stdout.splitlines()[0])["period"] == period
 
 
@@ -166,10 +211,15 @@ def test_keys_create_refuses_a_team_the_config_does_not_list(tmp_path: Any, pref
     """Such a key would have no spend limit: exit 2 naming the known teams and how to add one;
     --allow-unlisted-team creates it and says plainly that it is unlimited."""
     path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump({
-        "tiers": [TIER], "teams": {"alpha": {"budget": {"limit_usd": 2.0}}, "beta": {}},
-        "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": [TIER],
+                "teams": {"alpha": {"budget": {"limit_usd": 2.0}}, "beta": {}},
+                "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
+            }
+        )
+    )
     runner = CliRunner()
     refused = runner.invoke(cli_app, ["keys", "create", "--team", "nosuchteam", "-c", str(path)])
     assert refused.exit_code == EXIT_BAD_INPUT
@@ -177,27 +227,41 @@ def test_keys_create_refuses_a_team_the_config_does_not_list(tmp_path: Any, pref
     assert "no spend limit" in refused.output and "--allow-unlisted-team" in refused.output
     listed = runner.invoke(cli_app, ["keys", "list", "--json", "-c", str(path)])
     assert listed.stdout.strip() == ""  # nothing was created
-    no_file = runner.invoke(cli_app, ["keys", "create", "--team", "solo", "--redis-url",
-                                      REDIS_URL], env={"COST_ROUTER_CONFIG": None})
+    no_file = runner.invoke(
+        cli_app,
+        ["keys", "create", "--team", "solo", "--redis-url", REDIS_URL],
+        env={"COST_ROUTER_CONFIG": None},
+    )
     assert no_file.exit_code == EXIT_BAD_INPUT and "no config file (-c)" in no_file.output
-    allowed = runner.invoke(cli_app, ["keys", "create", "--team", "nosuchteam", "-c", str(path),
-                                      "--allow-unlisted-team"])
+    allowed = runner.invoke(
+        cli_app,
+        ["keys", "create", "--team", "nosuchteam", "-c", str(path), "--allow-unlisted-team"],
+    )
     assert allowed.exit_code == 0, allowed.output
     assert allowed.stdout.startswith("sk-cr-") and "has no spend limit" in allowed.stderr
     ok = runner.invoke(cli_app, ["keys", "create", "--team", "beta", "-c", str(path)])
     assert ok.exit_code == 0 and "warning" not in ok.stderr
 
 
-@pytest.mark.parametrize(("env", "line"), [
-    ({"COST_ROUTER__BUDGETS__STORE": "rediss"},
-     "budgets.store: unknown budget store 'rediss' (known: ['memory', 'redis', 'redis-cluster'])"),
-    ({"COST_ROUTER__BUDGETS__LEASE_S": "0"}, "budgets.lease_s: Input should be greater than 0"),
-    ({"COST_ROUTER__BUDGETS__FAIL_MODE": "maybe"},
-     "budgets.fail_mode: Input should be 'closed' or 'open'"),
-    ({"COST_ROUTER__BUDGETS__NOPE": "1"}, "budgets.nope: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"COST_ROUTER__BUDGETS__STORE": "rediss"},
+            "budgets.store: unknown budget store 'rediss' "
+            "(known: ['memory', 'redis', 'redis-cluster'])",
+        ),
+        ({"COST_ROUTER__BUDGETS__LEASE_S": "0"}, "budgets.lease_s: Input should be greater than 0"),
+        (
+            {"COST_ROUTER__BUDGETS__FAIL_MODE": "maybe"},
+            "budgets.fail_mode: Input should be 'closed' or 'open'",
+        ),
+        ({"COST_ROUTER__BUDGETS__NOPE": "1"}, "budgets.nope: Extra inputs are not permitted"),
+    ],
+)
 def test_cli_without_a_config_file_names_a_bad_environment_key(
-    env: dict[str, str], line: str,
+    env: dict[str, str],
+    line: str,
 ) -> None:
     """As a bad config file does: exit 2, one line per problem naming its key, no pydantic dump
     (and a store kind that does not exist is said to be so, not to be a store kept in-process)."""
@@ -211,8 +275,11 @@ def test_cli_without_a_config_file_names_a_bad_environment_key(
 def test_cli_without_a_config_file_uses_the_environment(prefix: str) -> None:
     env = {"COST_ROUTER_CONFIG": None, "COST_ROUTER__BUDGETS__KEY_PREFIX": prefix}
     runner = CliRunner()
-    result = runner.invoke(cli_app, ["keys", "create", "--team", "solo", "--redis-url",
-                                     REDIS_URL, "--allow-unlisted-team"], env=env)
+    result = runner.invoke(
+        cli_app,
+        ["keys", "create", "--team", "solo", "--redis-url", REDIS_URL, "--allow-unlisted-team"],
+        env=env,
+    )
     assert result.exit_code == 0, result.output
     listed = runner.invoke(cli_app, ["keys", "list", "--json", "--redis-url", REDIS_URL], env=env)
     assert [json.loads(line)["team"] for line in listed.stdout.splitlines()] == ["solo"]
@@ -236,13 +303,19 @@ def test_budget_ledger_shows_the_overage_that_was_not_charged(tmp_path: Any, pre
 
     asyncio.run(charge())
     path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump({
-        "tiers": [TIER], "teams": {"alpha": {"budget": {"limit_usd": 2.0, "period": "daily"}}},
-        "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": [TIER],
+                "teams": {"alpha": {"budget": {"limit_usd": 2.0, "period": "daily"}}},
+                "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix},
+            }
+        )
+    )
     runner = CliRunner()
-    shown = runner.invoke(cli_app, ["budget", "ledger", "--team", "alpha", "--config", str(path),
-                                    "--json"])
+    shown = runner.invoke(
+        cli_app, ["budget", "ledger", "--team", "alpha", "--config", str(path), "--json"]
+    )
     assert shown.exit_code == 0, shown.output
     entry = json.loads(shown.stdout.splitlines()[0])
     assert entry["usd"] == pytest.approx(0.001) and entry["overage_usd"] == pytest.approx(0.003)

@@ -34,36 +34,67 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     with running_echo_upstream() as upstream:
         cfg = {
             "tiers": [
-                {"name": "small", "base_url": upstream, "model": "echo-small",
-                 "price": {"input_per_mtok": 100, "output_per_mtok": 1000}},
-                {"name": "large", "base_url": upstream, "model": "echo-large",
-                 "price": {"input_per_mtok": 1000, "output_per_mtok": 10000}},
+                {
+                    "name": "small",
+                    "base_url": upstream,
+                    "model": "echo-small",
+                    "price": {"input_per_mtok": 100, "output_per_mtok": 1000},
+                },
+                {
+                    "name": "large",
+                    "base_url": upstream,
+                    "model": "echo-large",
+                    "price": {"input_per_mtok": 1000, "output_per_mtok": 10000},
+                },
             ],
             "default_policy": "balanced",
-            "policies": {"balanced": {"type": "threshold", "threshold": 0.0,
-                                      "small": "small", "large": "large"}},
+            "policies": {
+                "balanced": {
+                    "type": "threshold",
+                    "threshold": 0.0,
+                    "small": "small",
+                    "large": "large",
+                }
+            },
             # large worst case ~ $0.18 (about 100 prompt tokens + 8 output), actual ~ $0.085
-            "teams": {"alpha": {"budget": {"limit_usd": 0.3, "period": "daily"}},
-                      "beta": {"budget": {"limit_usd": 100, "period": "monthly"}}},
-            "keys": [{"key_sha256": hash_key(KEY), "team": "alpha", "user": "ann"},
-                     {"key_sha256": hash_key(OTHER), "team": "beta"}],
+            "teams": {
+                "alpha": {"budget": {"limit_usd": 0.3, "period": "daily"}},
+                "beta": {"budget": {"limit_usd": 100, "period": "monthly"}},
+            },
+            "keys": [
+                {"key_sha256": hash_key(KEY), "team": "alpha", "user": "ann"},
+                {"key_sha256": hash_key(OTHER), "team": "beta"},
+            ],
             "auth": {"required": True},
-            "budgets": {"store": "redis", "redis_url": REDIS_URL, "key_prefix": prefix,
-                        "key_cache_s": 0.2, "redis_timeout_s": 5},
+            "budgets": {
+                "store": "redis",
+                "redis_url": REDIS_URL,
+                "key_prefix": prefix,
+                "key_cache_s": 0.2,
+                "redis_timeout_s": 5,
+            },
             "traces": {"path": str(tmp / "traces.jsonl")},
         }
         path = tmp / "router.yaml"
         path.write_text(yaml.safe_dump(cfg))
         with proxies([path], tmp) as (proxy,):
-            yield {"url": proxy.url, "config": path, "traces": tmp / "traces.jsonl",
-                   "prefix": prefix}
+            yield {
+                "url": proxy.url,
+                "config": path,
+                "traces": tmp / "traces.jsonl",
+                "prefix": prefix,
+            }
     delete_prefix(prefix)
 
 
 def chat(url: str, key: str | None, **extra: Any) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    payload = {"model": "auto", "max_tokens": 8,
-               "messages": [{"role": "user", "content": "hello there"}], **extra}
+    payload = {
+        "model": "auto",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hello there"}],
+        **extra,
+    }
     return httpx.post(url + "/v1/chat/completions", json=payload, headers=headers, timeout=30)
 
 
@@ -88,8 +119,10 @@ def test_missing_or_unknown_key_is_an_openai_401(
     r = chat(deployment["url"], key)
     assert r.status_code == 401
     err = r.json()["error"]
-    assert err["type"] == "authentication_error" and err["code"] in ("missing_api_key",
-                                                                       "invalid_api_key")
+    assert err["type"] == "authentication_error" and err["code"] in (
+        "missing_api_key",
+        "invalid_api_key",
+    )
 
 
 def test_downgrade_then_429_with_retry_after_the_daily_reset(deployment: dict[str, Any]) -> None:
@@ -109,6 +142,7 @@ def test_downgrade_then_429_with_retry_after_the_daily_reset(deployment: dict[st
     now = datetime.now(UTC)
     midnight = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     assert abs(int(r.headers["retry-after"]) - (midnight - now).total_seconds()) <= 5
+
     def refused(records: list[dict[str, Any]]) -> bool:
         return any(t["status"] == 429 and t["error"] == "budget_exceeded" for t in records)
 

@@ -15,11 +15,15 @@ from tests.support.proxy import ProxyThread, make_config, tier
 def test_a_request_above_the_whole_limit_is_told_why_without_retry_after(tmp_path: Path) -> None:
     with running_echo_upstream() as upstream:
         cfg = make_config(
-            [tier("large", upstream, price=(100.0, 100.0))], tmp_path,
+            [tier("large", upstream, price=(100.0, 100.0))],
+            tmp_path,
             teams={"default": {"budget": {"limit_usd": 0.05, "period": "daily"}}},
-        )  # fmt: skip
-        body = {"model": "auto", "max_tokens": 1000,  # ~$0.1 worst case
-                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        )
+        body = {
+            "model": "auto",
+            "max_tokens": 1000,  # ~$0.1 worst case
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         with ProxyThread(cfg) as proxy:
             r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=10)
             assert r.status_code == 429
@@ -33,6 +37,7 @@ def test_a_request_above_the_whole_limit_is_told_why_without_retry_after(tmp_pat
             assert "x-router-tier" not in r.headers
             assert r.headers["x-router-request-id"]
             # A request that fits is served, and names its tier.
-            ok = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10,
-                            json={**body, "max_tokens": 10})  # fmt: skip
+            ok = httpx.post(
+                f"{proxy.url}/v1/chat/completions", timeout=10, json={**body, "max_tokens": 10}
+            )
             assert ok.status_code == 200 and ok.headers["x-router-tier"] == "large"

@@ -39,19 +39,26 @@ def test_redis_scripts_touch_one_cluster_slot_per_team() -> None:
     assert team_of_key("cr", k.limits) == "team-a"
 
 
-@pytest.mark.parametrize("limit", [
-    None,
-    BudgetLimit(limit_usd=1.25, period="daily"),
-    BudgetLimit(limit_usd=None, period="monthly", rpm=5),
-    BudgetLimit(limit_usd=0.0, period="total", rpm=1, tpm=9),
-])
+@pytest.mark.parametrize(
+    "limit",
+    [
+        None,
+        BudgetLimit(limit_usd=1.25, period="daily"),
+        BudgetLimit(limit_usd=None, period="monthly", rpm=5),
+        BudgetLimit(limit_usd=0.0, period="total", rpm=1, tpm=9),
+    ],
+)
 def test_limits_survive_the_trip_through_the_scripts_encoding(limit: BudgetLimit | None) -> None:
     assert decode_limit(encode_limit(limit)) == limit
 
 
 def test_unreachable_redis_fails_closed_by_default() -> None:
-    cfg = BudgetsConfig(store="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                        key_prefix=random_prefix(), redis_timeout_s=0.2)
+    cfg = BudgetsConfig(
+        store="redis",
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        key_prefix=random_prefix(),
+        redis_timeout_s=0.2,
+    )
 
     async def main() -> None:
         store = RedisBudgetStore(cfg)
@@ -65,9 +72,14 @@ def test_unreachable_redis_fails_closed_by_default() -> None:
 
 def test_unreachable_redis_fails_open_by_config_and_journals_the_charge(tmp_path: Any) -> None:
     journal = tmp_path / "journal.jsonl"
-    cfg = BudgetsConfig(store="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                        key_prefix=random_prefix(), redis_timeout_s=0.2, fail_mode="open",
-                        journal_path=str(journal))
+    cfg = BudgetsConfig(
+        store="redis",
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        key_prefix=random_prefix(),
+        redis_timeout_s=0.2,
+        fail_mode="open",
+        journal_path=str(journal),
+    )
 
     async def main() -> None:
         store = RedisBudgetStore(cfg)
@@ -95,8 +107,9 @@ def test_a_started_redis_store_keeps_its_leases_while_a_dead_replica_loses_them(
     """The background loop of a running replica renews (every lease_s / 3); the holds of one that
     stopped expire by Redis time. Waits on the outcome, with a deadline, not a fixed sleep."""
     prefix = random_prefix()
-    cfg = BudgetsConfig(store="redis", redis_url=REDIS_URL, key_prefix=prefix, lease_s=0.3,
-                        redis_timeout_s=5)
+    cfg = BudgetsConfig(
+        store="redis", redis_url=REDIS_URL, key_prefix=prefix, lease_s=0.3, redis_timeout_s=5
+    )
 
     async def main() -> None:
         live, dead = RedisBudgetStore(cfg), RedisBudgetStore(cfg)
@@ -139,8 +152,9 @@ def test_a_started_memory_store_renews_its_holds_until_closed(
 
     async def next_renewal() -> tuple[float, int]:
         seen = len(renewals)
-        await asyncio.to_thread(wait_for, lambda: len(renewals) > seen, 10,
-                                "the background renewer's next renew()")
+        await asyncio.to_thread(
+            wait_for, lambda: len(renewals) > seen, 10, "the background renewer's next renew()"
+        )
         return renewals[-1]
 
     async def main() -> None:

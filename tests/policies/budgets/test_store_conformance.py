@@ -30,7 +30,7 @@ from policies.budgets.money import nanos_to_usd, usd_to_nanos
 from policies.budgets.periods import period_window
 from policies.budgets.scopes import BudgetScope
 from policies.budgets.store import BudgetExceeded, BudgetStore, BudgetUnavailable
-from policies.config import BudgetLimit, BudgetsConfig, ConfigError
+from policies.config import BudgetLimit, BudgetsConfig
 from policies.keys import KeyRecord, KeyStore
 from router.config import config_from_dict
 from tests.support.budgets import (
@@ -41,6 +41,7 @@ from tests.support.budgets import (
     wait_for_redis_time,
 )
 from tests.support.redis_cluster import RunningCluster
+from trace_format.config_base import ConfigError
 
 # --- one kit per store kind ---------------------------------------------------------------------
 
@@ -88,8 +89,13 @@ class RedisKit(StoreKit):
 
     def settings(self, **overrides: Any) -> BudgetsConfig:
         # A generous timeout: a loaded CI machine must not turn a slow reply into an outage.
-        return BudgetsConfig(store="redis", redis_url=REDIS_URL, key_prefix=self.prefix,
-                             redis_timeout_s=5, **overrides)
+        return BudgetsConfig(
+            store="redis",
+            redis_url=REDIS_URL,
+            key_prefix=self.prefix,
+            redis_timeout_s=5,
+            **overrides,
+        )
 
     def elapse(self, seconds: float) -> None:
         super().elapse(seconds)
@@ -115,8 +121,13 @@ class RedisClusterKit(StoreKit):
         self._node = cluster.masters()[0].client()
 
     def settings(self, **overrides: Any) -> BudgetsConfig:
-        return BudgetsConfig(store="redis-cluster", redis_url=self.url, key_prefix=self.prefix,
-                             redis_timeout_s=5, **overrides)
+        return BudgetsConfig(
+            store="redis-cluster",
+            redis_url=self.url,
+            key_prefix=self.prefix,
+            redis_timeout_s=5,
+            **overrides,
+        )
 
     def elapse(self, seconds: float) -> None:
         super().elapse(seconds)
@@ -127,8 +138,11 @@ class RedisClusterKit(StoreKit):
         self._node.close()
 
 
-KITS: dict[str, type[StoreKit]] = {"memory": MemoryKit, "redis": RedisKit,
-                                   "redis-cluster": RedisClusterKit}
+KITS: dict[str, type[StoreKit]] = {
+    "memory": MemoryKit,
+    "redis": RedisKit,
+    "redis-cluster": RedisClusterKit,
+}
 
 
 def new_kit(kind: str, request: pytest.FixtureRequest) -> StoreKit:
@@ -149,8 +163,16 @@ def kit(request: pytest.FixtureRequest) -> Iterator[StoreKit]:
 
 def test_the_config_accepts_exactly_the_store_kinds_and_each_has_a_kit() -> None:
     assert set(STORE_KINDS) == set(KITS)
-    base = {"tiers": [{"name": "t", "base_url": "http://127.0.0.1:9/v1", "model": "m",
-                       "price": {"input_per_mtok": 1, "output_per_mtok": 1}}]}  # fmt: skip
+    base = {
+        "tiers": [
+            {
+                "name": "t",
+                "base_url": "http://127.0.0.1:9/v1",
+                "model": "m",
+                "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+            }
+        ]
+    }
     for kind in STORE_KINDS:
         assert config_from_dict({**base, "budgets": {"store": kind}}, environ={}).budgets.store
     with pytest.raises(ConfigError, match=r"budgets\.store: unknown budget store 'sqlite'"):
@@ -186,7 +208,8 @@ def test_reserve_settle_release_keep_exact_accounts(kit: StoreKit) -> None:
         assert st.remaining_nanos == usd_to_nanos(1.0) - 123_456_789
         window = period_window("daily", kit.clock(), ZoneInfo("UTC"))
         assert await store.view(scope) == BudgetView(
-            1.0, 0.123456789, 0.0, window.elapsed_fraction(kit.clock()))
+            1.0, 0.123456789, 0.0, window.elapsed_fraction(kit.clock())
+        )
         ledger = await store.ledger("alpha")
         assert [(e.request_id, e.nanos, e.kind) for e in ledger] == [("r1", 123_456_789, "settle")]
         await store.aclose()
@@ -200,7 +223,10 @@ def test_reserving_a_held_id_again_returns_the_same_hold(kit: StoreKit) -> None:
         first = await store.reserve(team(1.0), "r1", 0.4, 100)
         again = await store.reserve(team(1.0), "r1", 0.4, 100)
         assert (again.amount_nanos, again.tokens, again.periods) == (
-            first.amount_nanos, first.tokens, first.periods)
+            first.amount_nanos,
+            first.tokens,
+            first.periods,
+        )
         assert (await store.status(team(1.0)))[0].reserved_nanos == usd_to_nanos(0.4)
         with pytest.raises(KeyError):
             await store.settle("never-reserved", 0.1, 1)
@@ -245,7 +271,11 @@ def test_a_spend_refusal_reports_limit_spent_reserved_and_amount(kit: StoreKit) 
         s = err.value.standing
         assert s is not None and s.period == "daily"
         assert (s.limit_nanos, s.spent_nanos, s.reserved_nanos, s.amount_nanos) == (
-            usd_to_nanos(1.0), usd_to_nanos(0.3), usd_to_nanos(0.5), usd_to_nanos(0.4))
+            usd_to_nanos(1.0),
+            usd_to_nanos(0.3),
+            usd_to_nanos(0.5),
+            usd_to_nanos(0.4),
+        )
         assert s.remaining_nanos == usd_to_nanos(0.2)
         assert s.fits_without_reservations and not s.never_fits
         with pytest.raises(BudgetExceeded) as err:
@@ -338,12 +368,17 @@ def test_a_settle_above_the_reservation_charges_the_reservation_and_records_the_
         await store.reserve(scope, "r1", 0.4, 100)
         settled = await store.settle("r1", 1_200_000_000.0, 10**8)  # absurd usage: $1.2 billion
         assert (settled.charged_nanos, settled.overage_nanos) == (
-            usd_to_nanos(0.4), usd_to_nanos(1_200_000_000.0) - usd_to_nanos(0.4))
+            usd_to_nanos(0.4),
+            usd_to_nanos(1_200_000_000.0) - usd_to_nanos(0.4),
+        )
         st = (await store.status(scope))[0]
         assert (st.spent_nanos, st.reserved_nanos) == (usd_to_nanos(0.4), 0)
         [entry] = await store.ledger("alpha")
         assert (entry.kind, entry.nanos, entry.overage_nanos) == (
-            "settle", usd_to_nanos(0.4), settled.overage_nanos)
+            "settle",
+            usd_to_nanos(0.4),
+            settled.overage_nanos,
+        )
         assert spend_from_ledger([entry]) == await store.spend("alpha")  # overage is no spend
         await store.reserve(scope, "r2", 0.6, 900)  # tpm took the reserved 100 tokens, not 10**8
         again = await store.settle("r1", 0.1, 1)
@@ -361,11 +396,15 @@ def test_a_settle_without_a_live_reservation_is_capped_by_the_one_made(kit: Stor
         assert await next_store.sweep() == 2
         settled = await dead.settle("lost-1", 50.0, 10)  # reserved 0.6
         assert (settled.charged_nanos, settled.overage_nanos) == (
-            usd_to_nanos(0.6), usd_to_nanos(50.0) - usd_to_nanos(0.6))
+            usd_to_nanos(0.6),
+            usd_to_nanos(50.0) - usd_to_nanos(0.6),
+        )
         assert (await dead.settle("lost-2", 0.1, 10)).charged_nanos == usd_to_nanos(0.1)
         entries = await next_store.ledger("alpha")
         assert [(e.kind, e.nanos) for e in entries] == [
-            ("direct", usd_to_nanos(0.6)), ("direct", usd_to_nanos(0.1))]
+            ("direct", usd_to_nanos(0.6)),
+            ("direct", usd_to_nanos(0.1)),
+        ]
         st = (await next_store.status(team(1.0)))[0]
         assert (st.spent_nanos, st.reserved_nanos) == (usd_to_nanos(0.7), 0)
         await _close(dead, next_store)
@@ -380,7 +419,7 @@ def test_a_negative_actual_cost_never_credits(kit: StoreKit) -> None:
         await store.reserve(scope, "r0", 0.3, 10)
         await store.settle("r0", 0.3, 10)
         await store.reserve(scope, "r1", 0.4, 100)
-        settled = await store.settle("r1", -120.0, -10**6)
+        settled = await store.settle("r1", -120.0, -(10**6))
         assert (settled.charged_nanos, settled.overage_nanos) == (0, 0)
         st = (await store.status(scope))[0]
         assert (st.spent_nanos, st.reserved_nanos) == (usd_to_nanos(0.3), 0)
@@ -538,8 +577,11 @@ def test_operator_override_reset_ledger_spend_and_teams(kit: StoreKit) -> None:
         assert kinds == [("settle", usd_to_nanos(0.5)), ("reset", -usd_to_nanos(0.5))]
         await store.settle("b", 0.1, 1)
         rebuilt = spend_from_ledger(await store.ledger("alpha"))
-        assert rebuilt == await store.spend("alpha") == {
-            ("team", (await store.status(scope))[0].period_id): usd_to_nanos(0.1)}
+        assert (
+            rebuilt
+            == await store.spend("alpha")
+            == {("team", (await store.status(scope))[0].period_id): usd_to_nanos(0.1)}
+        )
         await store.set_limit("beta", "k9", BudgetLimit(rpm=1))  # a key override: beta has state
         assert {"alpha", "beta"} <= set(await store.teams())
         key_scope = BudgetScope("beta", "k9")
@@ -593,7 +635,9 @@ def test_hourly_and_weekly_limits_reset_at_their_boundary_in_the_zone(
         await store.reserve(scope, "d", 0.9, 1)
         st = (await store.status(scope))[0]
         assert st.period_id != window.id and (st.spent_nanos, st.reserved_nanos) == (
-            0, usd_to_nanos(0.9))
+            0,
+            usd_to_nanos(0.9),
+        )
         if period == "weekly":
             start = datetime.fromtimestamp(window.end, ZoneInfo(zone))
             assert (start.weekday(), start.hour, start.minute) == (0, 0, 0)  # Monday 00:00
@@ -621,14 +665,19 @@ def test_key_store_keeps_records(kit: StoreKit) -> None:
 
 SCOPES = [
     BudgetScope("a", None, BudgetLimit(limit_usd=0.05, period="daily", rpm=12)),
-    BudgetScope("a", "k", BudgetLimit(limit_usd=0.05, period="daily", rpm=12),
-                BudgetLimit(limit_usd=0.02, period="monthly", tpm=4000)),
+    BudgetScope(
+        "a",
+        "k",
+        BudgetLimit(limit_usd=0.05, period="daily", rpm=12),
+        BudgetLimit(limit_usd=0.02, period="monthly", tpm=4000),
+    ),
     BudgetScope("b", None, BudgetLimit(limit_usd=0.03, period="total")),
 ]
 
 op = st.one_of(
-    st.tuples(st.just("reserve"), st.integers(0, 2), st.integers(0, 9_000_000),
-              st.integers(0, 1500)),
+    st.tuples(
+        st.just("reserve"), st.integers(0, 2), st.integers(0, 9_000_000), st.integers(0, 1500)
+    ),
     st.tuples(st.just("settle"), st.integers(0, 15), st.floats(0, 1), st.integers(0, 1500)),
     st.tuples(st.just("release"), st.integers(0, 15), st.just(0), st.just(0)),
 )
@@ -665,7 +714,8 @@ async def play(store: BudgetStore, ops: list[tuple[str, int, Any, int]]) -> list
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=1, max_size=40))
 def test_every_store_kind_answers_random_sequences_alike(
-    request: pytest.FixtureRequest, ops: list[tuple[str, int, Any, int]],
+    request: pytest.FixtureRequest,
+    ops: list[tuple[str, int, Any, int]],
 ) -> None:
     # One clock for all kinds that does not move: the same periods and minute for every run.
     kits = [new_kit(kind, request) for kind in sorted(STORE_KINDS)]

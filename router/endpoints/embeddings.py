@@ -1,0 +1,144 @@
+"""`POST /v1/embeddings`: passed through to the tier `embeddings.tier` names, unrouted.
+
+No classifier and no policy: an embedding model is its own tier. The request still goes through
+the budget gate like every other: it reserves its worst case (every input token at the tier's
+prompt price, policies/budgets/estimate.py; no completion), is charged from the usage the
+upstream reports (prompt tokens only, checked like any usage; our own count when there is none or
+it is implausible), and is traced. `handle(state, request, "embeddings", embed)` runs these steps
+inside the request path's error handling and finish().
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from backends.base import Usage
+from backends.tokens import count_tokens
+from backends.usage import read_usage, usage_json
+from router.http.body_limits import json_content_type
+from router.http.errors import RouterError, json_response, validation_message
+from router.proxy.disconnect import until_disconnect
+from router.proxy.request_path import (
+    Call,
+    ClientGone,
+    call_tiers,
+    finish,
+    identify,
+    parse_body,
+    read_body,
+)
+from router.proxy.state import RouterState
+from router.proxy.usage_guard import checked_usage, priced
+
+ENDPOINT = "embeddings"
+MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
+
+
+class EmbeddingRequest(BaseModel):
+    """An OpenAI embeddings request; fields not listed are forwarded unchecked."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str = Field(min_length=1, max_length=256)
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="text, texts, or token ids to embed"
+    )
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(default=None, ge=1, le=65536)
+    user: str | None = None
+
+
+def _checked(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RouterError(400, "invalid_request", "request body must be a JSON object")
+    try:
+        request = EmbeddingRequest.model_validate(body)
+    except ValidationError as exc:
+        problems = list(exc.errors(include_url=False))
+        if problems and problems[0]["loc"][:1] == ("input",):  # one sentence for the union
+            raise RouterError(
+                400,
+                "invalid_request",
+                "'input': expected a string, a list of "
+                "strings, or token ids (a list of integers, or of lists of "
+                "integers)",
+                "input",
+            ) from None
+        message, param = validation_message(problems)
+        raise RouterError(400, "invalid_request", message, param) from None
+    if isinstance(request.input, list) and not 1 <= len(request.input) <= MAX_INPUTS:
+        raise RouterError(
+            400, "invalid_request", f"'input': give 1 to {MAX_INPUTS} inputs", "input"
+        )
+    if "stream" in body:
+        raise RouterError(400, "invalid_request", "'stream': embeddings do not stream", "stream")
+    return body
+
+
+def counted(body: dict[str, Any]) -> Usage:
+    """Our own count of the input tokens (token ids count as themselves)."""
+    raw = body.get("input")
+    items = raw if isinstance(raw, list) and raw and not isinstance(raw[0], int) else [raw]
+    total = sum(len(i) if isinstance(i, list) else count_tokens(str(i)) for i in items)
+    return Usage(total, 0, reported=False)
+
+
+def reported(body: dict[str, Any], answer: dict[str, Any]) -> Usage:
+    """The upstream's usage: embeddings report prompt tokens only (`completion_tokens` absent
+    is no fault here); absent or broken usage is our own count, keeping its fault."""
+    raw = answer.get("usage")
+    if isinstance(raw, dict) and "completion_tokens" not in raw:
+        raw = {**raw, "completion_tokens": 0}
+    usage = read_usage(raw)
+    if usage is not None and usage.fault is None:
+        return usage
+    own = counted(body)
+    own.fault = usage.fault if usage is not None else None
+    return own
+
+
+async def embed(state: RouterState, request: Request, call: Call) -> Response:
+    """The steps of one embeddings request (the request path's `handle` runs them)."""
+    call.identity = await identify(state, request)
+    name = state.config.embeddings.tier
+    if name is None:
+        raise RouterError(
+            404,
+            "not_found",
+            "this proxy serves no embeddings: set "
+            "embeddings.tier in its config to the tier of an embedding model",
+        )
+    if not json_content_type(request.scope):
+        raise RouterError(
+            415, "unsupported_media_type", "Content-Type must be application/json", "content-type"
+        )
+    body = _checked(parse_body(await read_body(request, state.config.server.max_body_bytes)))
+    tier = state.tiers[name]
+    call.requested_model, call.tier, call.reason = body["model"], tier.name, "embeddings.tier"
+    call.body = body
+    # --- budget: reserve (settled or released in finish(), whatever happens next) ------------
+    if call.marks is not None:
+        call.marks["budget"] = time.perf_counter()
+    admitted = await state.budgets.reserve(call.id, call.identity, body, [tier], endpoint=ENDPOINT)
+    call.reserved, call.reserved_nanos = True, admitted.reserved_nanos
+    if call.marks is not None:
+        call.marks["budget_end"] = time.perf_counter()
+    # -----------------------------------------------------------------------------------------
+    _, answer = await until_disconnect(request, call_tiers(state, call, body, [tier]), ClientGone)
+    bound = state.budgets.usage_bound(body, ENDPOINT, tier, call.reserved_nanos)
+    call.usage = checked_usage(reported(body, answer.body), bound, lambda: counted(body))
+    cost = priced(call.usage, tier.price, bound)
+    call.cost_usd, call.actual_cost_usd = cost.cost_usd, cost.actual_usd
+    out = answer.body
+    if not call.usage.reported:  # the client sees what it is charged for, marked as our count
+        out = {**out, "usage": usage_json(call.usage)}
+    model = answer.body.get("model")
+    call.model = model if isinstance(model, str) else tier.model
+    if not call.finishing:
+        call.finishing = True
+        state.spawn(finish(state, call))
+    return json_response(200, out, call.headers())

@@ -1,0 +1,34 @@
+"""What the ASGI front checks of a request before any route reads it, and the mark the server's
+protocol leaves on a request it cut for arriving too slowly (router/http/protocol.py).
+
+``json_content_type`` is the CSRF guard: a browser sends a cross-site POST without a CORS
+preflight only with a "simple" content type (text/plain, form encodings) or none at all, so
+accepting only ``application/json`` keeps a web page from spending a budget through a proxy that
+runs without auth.
+"""
+
+from __future__ import annotations
+
+from starlette.types import Scope
+
+JSON_MEDIA_TYPE = b"application/json"
+
+# Set in a request's scope["extensions"] when its body did not arrive in time: the app then sees
+# a disconnect (the protocol answered 408 and closed), and records the request as a 408.
+BODY_TIMEOUT = "cost_router.body_timeout"
+
+
+def has_body(scope: Scope) -> bool:
+    return scope["method"] in ("POST", "PUT", "PATCH")
+
+
+def json_content_type(scope: Scope) -> bool:
+    """True when the request declares a JSON body (`application/json`, parameters allowed)."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == JSON_MEDIA_TYPE
+    return False
+
+
+def body_timed_out(scope: Scope) -> bool:
+    return bool((scope.get("extensions") or {}).get(BODY_TIMEOUT))

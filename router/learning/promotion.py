@@ -1,0 +1,1 @@
+"""Promotion and rollback of classifier models (the learning loop's training side)."""

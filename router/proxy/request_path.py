@@ -1,0 +1,650 @@
+"""One request, step by step:
+
+identify caller -> read + parse + validate body -> choose policy -> score -> decide ->
+budget reserve -> backend call (in-flight limit, fallback) -> settle -> trace.
+
+Each step is a small function; ``handle`` reads top to bottom in that order. Everything learnt
+along the way lands in a ``Call``, which becomes the response headers and the trace record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, Usage
+from backends.config import TierConfig
+from backends.deployments import DeploymentsBusy
+from backends.json_limits import MAX_JSON_DEPTH, deeper_than
+from backends.usage import counted_usage, usage_json
+from policies.base import RoutingContext
+from policies.keys import AuthError, Identity, KeyStoreUnavailable
+from policies.selection import Selection, UnknownPolicyError
+from router.http.body_limits import body_timed_out
+from router.http.errors import RouterError, error_body, error_response, json_response
+from router.http.schemas import validate_body
+from router.observability.telemetry_config import caller_trace
+from router.proxy.disconnect import DisconnectWatch, RelayResponse, until_disconnect
+from router.proxy.state import RouterState, TierLimiter
+from router.proxy.stream_relay import StreamMeter, relay
+from router.proxy.usage_guard import UsageBound, checked_usage, priced
+from trace_format.request_text import request_text
+
+log = logging.getLogger(__name__)
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+@dataclass(slots=True)
+class Call:
+    """What the router learnt about one request; becomes the headers and the trace record."""
+
+    id: str
+    endpoint: str
+    started: float  # perf_counter
+    time: float  # wall clock, for the trace
+    stream: bool = False
+    identity: Identity | None = None
+    requested_model: str | None = None
+    selection: Selection | None = None
+    score: float | None = None
+    tier: str | None = None  # the tier that answered (or was chosen, until one answers)
+    deployment: str | None = None  # which of that tier's deployments answered (if it lists some)
+    reason: str = ""
+    model: str | None = None
+    tiers_tried: list[str] = field(default_factory=list)
+    usage: Usage | None = None
+    cost_usd: float | None = None
+    status: int = 200
+    error: str | None = None
+    ttft_ms: float | None = None
+    reserved: bool = False
+    downgraded: bool = False  # the budget did not fit the chosen tier; a cheaper one answered
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    body: dict[str, Any] | None = None  # as sent upstream; read by shadow comparisons
+    reserved_nanos: int = 0  # the reservation: no charge is above it
+    actual_cost_usd: float | None = None  # the usage's cost before that cap (settle: overage)
+    error_detail: str | None = None  # what broke a stream, for the trace (never the client)
+    answer: Any = None  # the answer body, or a stream's content events (shadow comparisons)
+    finishing: bool = False  # finish() is queued: a later failure amends the call, not a 2nd run
+    # Only while tracing is on (router/observability/telemetry.py builds the spans from them in
+    # finish()):
+    marks: dict[str, float] | None = None  # step -> perf_counter at its start / "<step>_end"
+    trace_parent: dict[str, str] | None = None  # the caller's W3C trace context headers
+
+    @property
+    def policy(self) -> str:
+        if self.selection is None:
+            return ""
+        return self.selection.policy_name or "passthrough"
+
+    def headers(self) -> dict[str, str]:
+        h = {"x-router-request-id": self.id}
+        if self.tier and self.tiers_tried:  # refused before any tier (budget): no tier header
+            h["x-router-tier"] = self.tier
+        if self.deployment is not None:
+            h["x-router-deployment"] = self.deployment
+        if self.selection is not None:
+            h["x-router-policy"] = self.policy
+            if self.selection.arm is not None:
+                h["x-router-experiment"] = self.selection.experiment or ""
+                h["x-router-arm"] = self.selection.arm
+        if self.score is not None:
+            h["x-router-score"] = f"{self.score:.4f}"
+        if self.cost_usd is not None and not self.stream:
+            h["x-router-cost-usd"] = f"{self.cost_usd:.9f}"  # the ledger's unit: 1e-9 USD
+        if len(self.tiers_tried) > 1:
+            h["x-router-fallback-from"] = self.tiers_tried[0]
+        if self.downgraded:
+            h["x-router-downgraded"] = "true"
+        return h
+
+    def trace(self, signals: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+        sel, ident, usage = self.selection, self.identity, self.usage
+        record: dict[str, Any] = {
+            "id": self.id,
+            "time": self.time,
+            "endpoint": self.endpoint,
+            "team": ident.team if ident else None,
+            "key_id": ident.key_id if ident else None,
+            "user": ident.user if ident else None,
+            "policy": self.policy or None,
+            "experiment": sel.experiment if sel else None,
+            "arm": sel.arm if sel else None,
+            "score": self.score,
+            "tier": self.tier,
+            "model": self.model,
+            "requested_model": self.requested_model,
+            "reason": self.reason or None,
+            "downgraded": self.downgraded,
+            "fallback_from": self.tiers_tried[0] if len(self.tiers_tried) > 1 else None,
+            "tiers_tried": self.tiers_tried,
+            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "completion_tokens": usage.completion_tokens if usage else None,
+            "cost_usd": self.cost_usd,
+            "latency_ms": (time.perf_counter() - self.started) * 1000,
+            "ttft_ms": self.ttft_ms,
+            "status": self.status,
+            "error": self.error,
+            "stream": self.stream,
+        }
+        if self.prompt is not None:
+            record["prompt"] = self.prompt
+            record["messages"] = self.messages
+        if signals:
+            record["backend_signals"] = signals
+        if usage is not None and usage.fault is not None:
+            record["usage_fault"] = usage.fault
+        if usage is not None and not usage.reported:
+            record["usage_estimated"] = True
+        if self.error_detail is not None:
+            record["error_detail"] = self.error_detail
+        if self.deployment is not None:
+            record["deployment"] = self.deployment
+        return record
+
+
+def new_call(endpoint: str) -> Call:
+    return Call(uuid.uuid4().hex, endpoint, time.perf_counter(), time.time())
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+# The steps of one endpoint, between identifying nothing yet and an answer: `_handle` (chat and
+# completions) unless the endpoint brings its own (router/endpoints/embeddings.py).
+Steps = Callable[[RouterState, Request, Call], Awaitable[Response]]
+
+
+async def handle(
+    state: RouterState, request: Request, endpoint: str, steps: Steps | None = None
+) -> Response:
+    call = new_call(endpoint)
+    if state.telemetry is not None:  # with tracing off, this test is all a request pays
+        call.marks, call.trace_parent = {}, caller_trace(request.headers)
+    # Every way out below ends in finish() (through _fail here, or the answer's own path), which
+    # settles or releases a reservation: one held by a request that died would be renewed for as
+    # long as the replica runs, and drain the team's budget.
+    try:
+        return await (steps or _handle)(state, request, call)
+    except RouterError as err:
+        return await _fail(state, call, err.status, err.code, error_response(err, call.headers()))
+    except UpstreamClientError as exc:
+        # The request was bad for that model: its status, not its body, which may carry the
+        # upstream's internals (logged for the operator).
+        call.error_detail = f"upstream answered {exc.status}: {str(exc.body)[:2000]}"
+        log.warning("upstream rejected %s: %s", call.id, call.error_detail)
+        code = "upstream_client_error"
+        message = exc.public or (
+            f"the model server rejected the request ({exc.status}); the "
+            f"router's log has the details under request id {call.id}"
+        )
+        resp = json_response(exc.status, error_body(exc.status, code, message), call.headers())
+        return await _fail(state, call, exc.status, code, resp)
+    except (ClientGone, ClientDisconnect):
+        return await _fail(state, call, 499, "client_disconnected", Response(status_code=499))
+    except asyncio.CancelledError:
+        # Shutdown cancelled the request: still settle what it reserved, then let it unwind.
+        if call.reserved:
+            await _fail(state, call, 499, "cancelled", Response(status_code=499))
+        raise
+    except Exception:  # noqa: BLE001 - a bug of ours: never a held reservation or a stack trace
+        log.exception("unexpected error in request %s", call.id)
+        body = error_body(
+            500, "internal_error", f"internal error in the router (request id {call.id})"
+        )
+        return await _fail(
+            state, call, 500, "internal_error", json_response(500, body, call.headers())
+        )
+    finally:
+        if state.feedback is not None and call.identity is not None:
+            # Before the response leaves: feedback sent right after it finds the id (and the
+            # team that alone may rate it) before the trace hits the disk.
+            state.feedback.remember(call.id, call.identity.team)
+
+
+async def _handle(state: RouterState, request: Request, call: Call) -> Response:
+    call.identity = await identify(state, request)
+    body = parse_body(await read_body(request, state.config.server.max_body_bytes))
+    validate_body(call.endpoint, body)
+    call.stream = body.get("stream") is True
+    if call.marks is not None:
+        call.marks["route"] = time.perf_counter()
+    await route(state, call, body, request)
+    if call.marks is not None:
+        call.marks["route_end"] = call.marks["budget"] = time.perf_counter()
+    chain = tier_chain(state, call.tier or "")
+    # What the upstream gets carries exactly the bound that is reserved, in the field(s) the
+    # endpoint obeys.
+    body = state.budgets.bound_body(body, call.endpoint)
+    call.body = body
+    # --- budget: reserve (settled or released in finish()/_fail(), whatever happens next) ------
+    admitted = await state.budgets.reserve(
+        call.id, call.identity, body, chain, cheaper_tiers(state, call), endpoint=call.endpoint
+    )
+    call.reserved, call.reserved_nanos = True, admitted.reserved_nanos
+    if call.marks is not None:
+        call.marks["budget_end"] = time.perf_counter()
+    chain = admitted.chain
+    if admitted.downgraded:
+        state.metrics.downgrades.labels(call.tier or "", chain[0].name).inc()
+        call.downgraded, call.tier = True, chain[0].name
+        call.reason = f"{call.reason}; downgraded to {chain[0].name}: budget".lstrip("; ")
+    # -----------------------------------------------------------------------------------------
+    if call.stream:
+        return await start_stream(state, request, call, body, chain)
+    answer = await until_disconnect(request, call_tiers(state, call, body, chain), ClientGone)
+    return _answer(state, call, answer)
+
+
+# --- steps ---------------------------------------------------------------------------------------
+
+
+async def identify(state: RouterState, request: Request) -> Identity:
+    try:
+        return await state.keys.authenticate(request.headers.get("authorization"))
+    except AuthError as exc:
+        raise RouterError(401, exc.code, str(exc)) from None
+    except KeyStoreUnavailable as exc:
+        raise RouterError(503, "key_store_unavailable", str(exc)) from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(chunk)
+    except ClientDisconnect:
+        if body_timed_out(request.scope):  # the server answered 408 and closed: trace it so
+            message = "the request body did not arrive within server.body_timeout_s"
+            raise RouterError(408, "request_timeout", message) from None
+        raise
+    return b"".join(parts)
+
+
+def _too_large(limit: int) -> RouterError:
+    return RouterError(413, "request_too_large", f"request body is larger than {limit} bytes")
+
+
+def parse_body(raw: bytes) -> Any:
+    if not raw:
+        raise RouterError(400, "invalid_json", "request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)  # rejects invalid UTF-8 as well as bad JSON
+    except orjson.JSONDecodeError as exc:
+        raise RouterError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    if deeper_than(body):  # before anything is reserved: re-sent upstream, it would fail
+        raise RouterError(
+            400, "invalid_json", f"request body is nested deeper than {MAX_JSON_DEPTH} levels"
+        )
+    return body
+
+
+async def route(state: RouterState, call: Call, body: dict[str, Any], request: Request) -> None:
+    """Choose the policy (or explicit tier), score the request when a policy needs it, decide."""
+    assert call.identity is not None
+    model = body["model"]
+    call.requested_model = model
+    ident = call.identity
+    user = body.get("user") if isinstance(body.get("user"), str) else ident.user
+    try:
+        call.selection = state.selector.select(
+            model, team=ident.team, key_id=ident.key_id, user=user, headers=request.headers
+        )
+    except UnknownPolicyError as exc:
+        raise RouterError(404, "model_not_found", str(exc), param="model") from None
+    if state.config.traces.include_prompt:
+        call.prompt = request_text(body, state.config.classifier.context_turns)
+        call.messages = body.get("messages")
+    policy = call.selection.policy
+    if policy is None:
+        call.tier, call.reason = call.selection.tier, "explicit tier"
+        return
+    t0 = time.perf_counter()
+    scorer = state.scorer_for(call.selection.policy_name)  # a canary policy has its own model
+    call.score = scorer.score_request(body, state.config.classifier.context_turns)
+    state.metrics.classifier_seconds.observe(time.perf_counter() - t0)
+    ctx = RoutingContext(
+        score=call.score,
+        team=ident.team,
+        budget=await state.budgets.view(ident),
+        load=state.load(),
+        now=time.time(),
+        unit=call.id,
+    )
+    decision = policy.decide(ctx)
+    call.tier, call.reason = decision.tier, decision.reason
+    if state.drift is not None:  # the live window and a calibrating policy's score count
+        state.drift.observe(call.policy, policy, call.score, decision.tier, state.spawn)
+
+
+def cheaper_tiers(state: RouterState, call: Call) -> list[TierConfig]:
+    """Tiers the budget may downgrade to: the policy's own tiers (never for an explicit tier)."""
+    policy = call.selection.policy if call.selection is not None else None
+    if policy is None:
+        return []
+    return [state.tiers[n] for n in policy.tiers() if n != call.tier and n in state.tiers]
+
+
+def tier_chain(state: RouterState, first: str) -> list[TierConfig]:
+    """The chosen tier, then its configured fallbacks in order."""
+    tier = state.tiers[first]
+    chain = [tier]
+    for name in tier.fallback:
+        if name != first and state.tiers[name] not in chain:
+            chain.append(state.tiers[name])
+    return chain
+
+
+def upstream_body(body: dict[str, Any], tier: TierConfig, stream: bool) -> dict[str, Any]:
+    out = {**body, "model": tier.model}
+    if stream:
+        # Always ask for usage: budgets are charged from it. The relay strips it again when the
+        # client did not ask.
+        out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return out
+
+
+class _Attempts:
+    """Why each tier of the chain did not answer; turned into one client error at the end."""
+
+    def __init__(self) -> None:
+        self.saturated: list[str] = []
+        self.failed: list[UpstreamError] = []
+
+    async def admit(self, state: RouterState, call: Call, tier: TierConfig) -> TierLimiter | None:
+        """Try the tier: its limiter, acquired (the caller releases it), or None when it is full."""
+        call.tiers_tried.append(tier.name)
+        limiter = state.limiters[tier.name]
+        if await limiter.acquire():
+            return limiter
+        self.saturated.append(tier.name)
+        return None
+
+    def failure(self, call: Call, tier: TierConfig, exc: UpstreamError) -> None:
+        if isinstance(exc, DeploymentsBusy):  # all its deployments are full: as a full limiter
+            self.saturated.append(tier.name)
+            return
+        log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
+        self.failed.append(exc)
+
+    def error(self, call: Call) -> RouterError:
+        if not self.failed:
+            tiers = ", ".join(self.saturated)
+            return RouterError(
+                429,
+                "rate_limited",
+                f"all tiers are at capacity ({tiers}); retry",
+                headers={"retry-after": "1"},
+            )
+        # Public phrases only: the upstream's body, exception texts and addresses go to the log
+        # (failure() above) and the trace, never to the client.
+        call.error_detail = "; ".join(str(e) for e in self.failed)[:2000]
+        detail = "; ".join(f"{e.tier}: {e.public}" for e in self.failed)
+        if any(e.status is not None for e in self.failed):
+            return RouterError(502, "upstream_error", f"upstream failed: {detail}")
+        return RouterError(503, "upstream_unavailable", f"no tier could answer: {detail}")
+
+
+async def call_tiers(
+    state: RouterState, call: Call, body: dict[str, Any], chain: list[TierConfig]
+) -> tuple[TierConfig, UpstreamResponse]:
+    attempts = _Attempts()
+    for tier in chain:
+        if (limiter := await attempts.admit(state, call, tier)) is None:
+            continue
+        t0 = time.perf_counter()
+        if call.marks is not None:
+            call.marks.setdefault("upstream", t0)  # one span over every tier tried
+        try:
+            answer = await state.backends[tier.name].complete(
+                call.endpoint, upstream_body(body, tier, False)
+            )
+        except UpstreamError as exc:
+            attempts.failure(call, tier, exc)
+            continue
+        finally:
+            limiter.release()
+        if call.marks is not None:
+            call.marks["upstream_end"] = time.perf_counter()
+        state.metrics.upstream_seconds.labels(tier.name, "false").observe(time.perf_counter() - t0)
+        _note_fallback(state, call, tier)
+        call.deployment = answer.deployment
+        return tier, answer
+    raise attempts.error(call)
+
+
+def _note_fallback(state: RouterState, call: Call, tier: TierConfig) -> None:
+    if call.tiers_tried[0] != tier.name:
+        state.metrics.fallbacks.labels(call.tiers_tried[0], tier.name).inc()
+    call.tier = tier.name
+
+
+def _answer(
+    state: RouterState, call: Call, result: tuple[TierConfig, UpstreamResponse]
+) -> Response:
+    tier, answer = result
+    sent = call.body or {}
+    bound = state.budgets.usage_bound(sent, call.endpoint, tier, call.reserved_nanos)
+    call.usage = checked_usage(answer.usage, bound, lambda: counted_usage(sent, answer.body))
+    _price(call, tier, bound)
+    body = answer.body
+    if not call.usage.reported:  # the client sees what it is charged for, marked as our count
+        body = {**body, "usage": usage_json(call.usage)}
+    call.answer = body
+    model = answer.body.get("model")
+    call.model = model if isinstance(model, str) else tier.model
+    _finish_once(state, call)
+    return json_response(200, body, call.headers())
+
+
+def _price(call: Call, tier: TierConfig, bound: UsageBound) -> None:
+    """The charge (told to the client, never above the reservation) and the usage's own cost."""
+    assert call.usage is not None
+    cost = priced(call.usage, tier.price, bound)
+    call.cost_usd, call.actual_cost_usd = cost.cost_usd, cost.actual_usd
+
+
+# --- streaming -----------------------------------------------------------------------------------
+
+
+async def start_stream(
+    state: RouterState, request: Request, call: Call, body: dict[str, Any], chain: list[TierConfig]
+) -> Response:
+    """Open the first tier that yields a first byte; only then commit to a 200 stream, so a tier
+    that fails before answering still falls back. One disconnect watch covers the wait for the
+    first byte and then the relay (the response takes it over)."""
+    watch = DisconnectWatch(request.receive)
+    try:
+        return await _open_stream(state, call, body, chain, watch)
+    except BaseException:
+        watch.close()
+        raise
+
+
+async def _open_stream(
+    state: RouterState,
+    call: Call,
+    body: dict[str, Any],
+    chain: list[TierConfig],
+    watch: DisconnectWatch,
+) -> Response:
+    attempts = _Attempts()
+    for tier in chain:
+        if (limiter := await attempts.admit(state, call, tier)) is None:
+            continue
+        t0 = time.perf_counter()
+        if call.marks is not None:
+            call.marks.setdefault("upstream", t0)
+        try:
+            upstream_req = upstream_body(body, tier, True)
+        except BaseException:
+            limiter.release()
+            raise
+        upstream = state.backends[tier.name].stream(call.endpoint, upstream_req)
+        # Until the response owns the stream (and _client_stream's cleanup), any failure here
+        # gives back the tier's slot and the upstream connection; handle() releases the budget.
+        try:
+            first = await watch.guard(_first_bytes(upstream, tier), ClientGone)
+        except UpstreamError as exc:
+            limiter.release()
+            attempts.failure(call, tier, exc)
+            continue
+        except BaseException:
+            limiter.release()
+            await upstream.aclose()
+            raise
+        try:
+            call.ttft_ms = (time.perf_counter() - call.started) * 1000
+            seconds = time.perf_counter() - t0
+            state.metrics.upstream_seconds.labels(tier.name, "true").observe(seconds)
+            _note_fallback(state, call, tier)
+            call.deployment = getattr(upstream, "deployment", None)  # several deployments only
+            want = bool((body.get("stream_options") or {}).get("include_usage"))
+            meter = StreamMeter(request=body, want_usage=want)
+        except BaseException:
+            limiter.release()
+            await upstream.aclose()
+            raise
+        parts = _client_stream(state, call, tier, upstream, first, meter, limiter.release)
+        return RelayResponse(parts, headers=call.headers(), watch=watch)
+    raise attempts.error(call)
+
+
+async def _first_bytes(upstream: AsyncIterator[bytes], tier: TierConfig) -> bytes:
+    try:
+        return await anext(upstream)
+    except StopAsyncIteration:
+        raise UpstreamError(tier.name, "closed the stream before sending anything") from None
+
+
+async def _client_stream(
+    state: RouterState,
+    call: Call,
+    tier: TierConfig,
+    upstream: AsyncIterator[bytes],
+    first: bytes,
+    meter: StreamMeter,
+    release: Callable[[], None],
+) -> AsyncIterator[tuple[bytes, bool]]:
+    bound = state.budgets.usage_bound(call.body or {}, call.endpoint, tier, call.reserved_nanos)
+    meter.request_id = call.id
+    meter.completion_bound = bound.completion_tokens if bound.completion_enforced else None
+    meter.guard = lambda usage, own_count: checked_usage(usage, bound, own_count)
+
+    def cost_of(usage: Usage) -> float:
+        return priced(usage, tier.price, bound).cost_usd
+
+    finished = False
+    try:
+        async for part in relay(first, upstream, meter, cost_of):
+            finished = part[1]
+            yield part
+    except BaseException:
+        if not finished:  # gone before the end was sent (once it was, the answer is complete)
+            call.status, call.error = 499, "client_disconnected"
+        raise
+    finally:
+        release()
+        if call.marks is not None:
+            call.marks["upstream_end"] = time.perf_counter()  # the stream's end
+        if meter.error and call.error is None:
+            call.status, call.error = 502, meter.error
+        # The charge and the trace first: a cancellation landing in the await below must not
+        # skip them.
+        call.usage = meter.final_usage()
+        _price(call, tier, bound)
+        call.error_detail = meter.error_detail
+        call.model = meter.model or tier.model
+        call.answer = meter.contents
+        _finish_once(state, call)
+        await upstream.aclose()  # no-op when finished; otherwise closes the upstream connection
+
+
+# --- end of a request ----------------------------------------------------------------------------
+
+
+def _finish_once(state: RouterState, call: Call) -> None:
+    """Queue finish() once per call. It runs after the response is sent, on the call as it
+    stands then: an answer that failed on its way out (after queuing) is settled as a failure."""
+    if not call.finishing:
+        call.finishing = True
+        state.spawn(finish(state, call))
+
+
+async def finish(state: RouterState, call: Call) -> None:
+    """Settle the budget, count metrics, write the trace. Runs after the response is sent."""
+    usage = call.usage
+    # --- budget: settle ----------------------------------------------------------------------
+    if call.marks is not None:
+        call.marks["settle"] = time.perf_counter()
+    if call.reserved:
+        if usage is not None and call.cost_usd is not None:
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            actual = call.cost_usd if call.actual_cost_usd is None else call.actual_cost_usd
+            await state.budgets.settle(call.id, actual, tokens)
+        else:
+            await state.budgets.release(call.id)
+    if call.marks is not None:
+        call.marks["settle_end"] = time.perf_counter()
+    # -----------------------------------------------------------------------------------------
+    m = state.metrics
+    m.requests.labels(call.tier or "", call.policy, str(call.status)).inc()
+    if call.identity is not None and call.tier:  # per team: its large share, by PromQL
+        m.team_requests.labels(call.identity.team, call.tier).inc()
+    if call.error:
+        m.errors.labels(call.error).inc()
+    if usage is not None and usage.fault is not None:
+        m.usage_faults.labels(call.tier or "", usage.fault).inc()
+        log.warning(
+            "request %s: tier %s reported usage it cannot have used (%s): charged for "
+            "the router's own count instead",
+            call.id,
+            call.tier,
+            usage.fault,
+        )
+    if usage is not None and call.tier:
+        m.tokens.labels(call.tier, "prompt").inc(usage.prompt_tokens)
+        m.tokens.labels(call.tier, "completion").inc(usage.completion_tokens)
+    if call.cost_usd and call.tier:
+        team = call.identity.team if call.identity else ""
+        m.cost_usd.labels(call.tier, team).inc(call.cost_usd)
+    sel = call.selection
+    if sel is not None and sel.experiment is not None and sel.arm is not None:
+        status = str(call.status)
+        m.experiment_requests.labels(sel.experiment, sel.arm, call.tier or "", status).inc()
+        if call.cost_usd:
+            m.experiment_cost_usd.labels(sel.experiment, sel.arm).inc(call.cost_usd)
+    if state.traces is not None:
+        signals = state.signals.trace_signals() if state.signals is not None else None
+        state.traces.write(call.trace(signals))
+    if state.shadow is not None and call.endpoint != "embeddings":  # vectors: nothing to judge
+        state.shadow.offer(call)  # the answer is handed over; this queues or drops, never waits
+    if state.telemetry is not None:
+        state.telemetry.record(call, state.tiers.get(call.tier or ""))
+
+
+async def _fail(state: RouterState, call: Call, status: int, code: str, resp: Response) -> Response:
+    call.status, call.error = status, code
+    call.usage, call.cost_usd, call.actual_cost_usd = None, None, None
+    _finish_once(state, call)
+    return resp

@@ -1,0 +1,337 @@
+"""The charge is bounded and usage is never trusted (issue 12, findings 1, 11, 12 and the stream
+endings of 10 and 13): the real proxy in front of the fault-injecting upstream, with budgets on a
+real Redis, driven by the official openai client and httpx over real HTTP."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from backends.base import Usage
+from backends.config import Price
+from benchmarks.fault_upstream import HUGE_TOKENS, running_fault_upstream
+from policies.keys import hash_key
+from router.proxy.usage_guard import UsageBound, checked_usage, priced
+from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
+from tests.support.proxy import ProxyThread, make_config, tier
+from tests.support.waiting import wait_for
+
+LIMIT_USD = 5.0
+MAX_TOKENS = 50
+PRICE = (1.0, 2.0)  # USD per Mtok: the reservation of one request is well under a cent
+# A team per test, so that one test's (old code's) overspending cannot fail the next with 429.
+TEAMS = ("huge", "negative", "malformed", "no_done", "cut", "big")
+
+
+def key_of(team: str) -> str:
+    return f"sk-usage-safety-{team}"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[str]:
+    with running_fault_upstream() as url:
+        yield url
+
+
+def _proxy(upstream: str, traces: Path, **budgets: Any) -> Iterator[ProxyThread]:
+    prefix = random_prefix()
+    config = make_config(
+        [tier("small", upstream, price=PRICE)],
+        traces,
+        teams={t: {"budget": {"limit_usd": LIMIT_USD, "period": "total"}} for t in TEAMS},
+        keys=[{"key_sha256": hash_key(key_of(t)), "team": t} for t in TEAMS],
+        budgets={
+            "store": "redis",
+            "redis_url": REDIS_URL,
+            "key_prefix": prefix,
+            "redis_timeout_s": 5,
+            **budgets,
+        },
+    )
+    try:
+        with ProxyThread(config) as p:
+            yield p
+    finally:
+        delete_prefix(prefix)
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyThread]:
+    yield from _proxy(upstream, tmp_path_factory.mktemp("traces"))
+
+
+@pytest.fixture(scope="module")
+def unbounded_proxy(
+    upstream: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyThread]:
+    """Requests without max_tokens are sent upstream without one: no completion bound."""
+    yield from _proxy(upstream, tmp_path_factory.mktemp("traces"), enforce_max_tokens=False)
+
+
+def client(proxy: ProxyThread, team: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=key_of(team), max_retries=0)
+
+
+def auth(team: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key_of(team)}"}
+
+
+def ask(fault: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "small",
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": f"tell me about {fault}"}],
+        "metadata": {"fault": fault, **extra},
+    }
+
+
+def spent_usd(proxy: ProxyThread, team: str) -> float:
+    r = httpx.get(proxy.url + "/v1/budget", headers=auth(team), timeout=10)
+    return float(r.json()["scopes"][0]["spent_usd"])
+
+
+def settled_to(proxy: ProxyThread, team: str, expected: float) -> float:
+    """Wait until the settles in flight have landed on `expected`; returns the spend."""
+    wait_for(lambda: abs(spent_usd(proxy, team) - expected) < 1e-9, 10, f"spend {expected}")
+    return spent_usd(proxy, team)
+
+
+def faults(proxy: ProxyThread, reason: str) -> float:
+    text = httpx.get(proxy.url + "/metrics", timeout=10).text
+    pattern = (
+        r'^cost_router_upstream_usage_faults_total\{reason="' + reason + r'",tier="small"\} (\S+)$'
+    )
+    m = re.search(pattern, text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def trace_of(proxy: ProxyThread, request_id: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        found[:] = [r for r in proxy.traces(0) if r["id"] == request_id]
+        return bool(found)
+
+    wait_for(seen, 10, f"the trace of {request_id}")
+    return found[0]
+
+
+def stream_raw(proxy: ProxyThread, team: str, body: dict[str, Any]) -> tuple[str, list[bytes]]:
+    """(request id, the SSE events' data as the client received them)."""
+    full = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream(
+        "POST", proxy.url + "/v1/chat/completions", json=full, headers=auth(team), timeout=60
+    ) as r:
+        assert r.status_code == 200
+        raw = r.read()
+    data = [e[6:] for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    return r.headers["x-router-request-id"], data
+
+
+def test_huge_reported_usage_is_a_fault_charged_within_the_reservation(
+    proxy: ProxyThread,
+) -> None:
+    """10**8 completion tokens against max_tokens 50: old code charged $200 of a $5 limit."""
+    before, counted = spent_usd(proxy, "huge"), faults(proxy, "completion_over_bound")
+    r = client(proxy, "huge").chat.completions.with_raw_response.create(**ask("huge_usage"))
+    answer = r.parse()
+    charged = float(r.headers["x-router-cost-usd"])
+    assert answer.usage is not None and answer.usage.completion_tokens <= MAX_TOKENS
+    assert 0 < charged < 0.001
+    assert settled_to(proxy, "huge", before + charged) <= LIMIT_USD
+    assert faults(proxy, "completion_over_bound") == counted + 1
+    record = trace_of(proxy, r.headers["x-router-request-id"])
+    assert record["usage_fault"] == "completion_over_bound"
+    assert record["completion_tokens"] <= MAX_TOKENS and record["cost_usd"] == charged
+
+    before = spent_usd(proxy, "huge")
+    stream = client(proxy, "huge").chat.completions.create(
+        **ask("huge_usage"), stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens < HUGE_TOKENS
+    told = usage.model_extra["cost_usd"]  # type: ignore[index]
+    assert 0 < told < 0.001 and settled_to(proxy, "huge", before + told) <= LIMIT_USD
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_negative_usage_never_credits_and_the_trace_is_written(
+    proxy: ProxyThread, stream: bool
+) -> None:
+    """Old code: a negative usage credited the team (spend went down) and, in a stream, raised
+    in the metrics code so the request's trace was never written."""
+    before, counted = spent_usd(proxy, "negative"), faults(proxy, "negative")
+    if stream:
+        rid, data = stream_raw(proxy, "negative", ask("negative_usage"))
+        assert data[-1] == b"[DONE]"
+        told = orjson.loads(data[-2])["usage"]["cost_usd"]
+    else:
+        r = httpx.post(
+            proxy.url + "/v1/chat/completions",
+            json=ask("negative_usage"),
+            headers=auth("negative"),
+            timeout=30,
+        )
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] >= 0
+        rid, told = r.headers["x-router-request-id"], float(r.headers["x-router-cost-usd"])
+    assert told >= 0
+    assert settled_to(proxy, "negative", before + told) >= before
+    assert faults(proxy, "negative") == counted + 1
+    record = trace_of(proxy, rid)
+    assert record["usage_fault"] == "negative" and record["prompt_tokens"] >= 0
+
+
+@pytest.mark.parametrize("fault", ["nonnumeric_usage", "stream_bad_usage"])
+def test_malformed_usage_in_a_stream_completes_it(proxy: ProxyThread, fault: str) -> None:
+    """`"prompt_tokens": "abc"` (or a usage chunk that is not JSON) cut the client's stream."""
+    counted = faults(proxy, "malformed")
+    stream = client(proxy, "malformed").chat.completions.create(
+        **ask(fault), stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)  # raises if the stream breaks off or carries an error event
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("echo")
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    assert faults(proxy, "malformed") == counted + 1
+    record = trace_of(proxy, stream.response.headers["x-router-request-id"])
+    assert record["status"] == 200 and record["usage_fault"] == "malformed"
+
+
+def test_a_stream_ending_without_done_is_not_passed_on_as_complete(proxy: ProxyThread) -> None:
+    rid, data = stream_raw(proxy, "no_done", ask("stream_no_done"))
+    assert b"[DONE]" not in data
+    error = orjson.loads(data[-1])["error"]
+    assert error["code"] == "upstream_truncated" and rid in error["message"]
+    with pytest.raises(openai.APIError):  # the official client sees an error, not an answer
+        list(client(proxy, "no_done").chat.completions.create(**ask("stream_no_done"), stream=True))
+    record = trace_of(proxy, rid)
+    assert (record["status"], record["error"]) == (502, "upstream_truncated")
+
+
+def test_a_stream_cut_mid_way_ends_with_an_error_naming_no_internals(proxy: ProxyThread) -> None:
+    rid, data = stream_raw(proxy, "cut", ask("stream_cut"))
+    assert b"[DONE]" not in data
+    error = orjson.loads(data[-1])["error"]
+    assert error["code"] == "upstream_error" and rid in error["message"]
+    # Old code: "upstream failed mid-stream: small: connection failed: ClientPayloadError: ..."
+    assert "Error" not in error["message"] and "small:" not in error["message"]
+    record = trace_of(proxy, rid)
+    assert (record["status"], record["error"]) == (502, "upstream_error")
+    assert record["error_detail"]  # the details are in the trace (and the log)
+
+
+def _peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def _stream_polling_healthz(
+    proxy: ProxyThread, team: str, body: dict[str, Any]
+) -> tuple[str, list[bytes], float]:
+    """Stream `body` while /healthz is polled; (request id, events, slowest /healthz in s)."""
+    slowest = [0.0]
+    done = threading.Event()
+
+    def poll_healthz() -> None:
+        with httpx.Client(timeout=60) as c:
+            while not done.is_set():
+                t0 = time.perf_counter()
+                assert c.get(proxy.url + "/healthz").status_code == 200
+                slowest[0] = max(slowest[0], time.perf_counter() - t0)
+                time.sleep(0.01)
+
+    poller = threading.Thread(target=poll_healthz, daemon=True)
+    poller.start()
+    try:
+        rid, data = stream_raw(proxy, team, body)
+    finally:
+        done.set()
+        poller.join(timeout=60)
+    return rid, data, slowest[0]
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["max_tokens", "no_max_tokens"])
+def test_a_huge_stream_without_usage_is_counted_off_the_event_loop_in_bounded_memory(
+    proxy: ProxyThread, unbounded_proxy: ProxyThread, bounded: bool
+) -> None:
+    """20 MB of content and no usage (llama.cpp): old code held it all, then counted it on the
+    event loop at the end (/healthz stalled for seconds, memory grew by ~10x the stream) and
+    charged far past the reservation. Without max_tokens (and enforce_max_tokens off) the router
+    counts the whole stream; with it, it stops past the bound. Either way the charge stays
+    within the reservation."""
+    p = proxy if bounded else unbounded_proxy
+    body = ask("stream_huge_no_usage", fault_mb="20")
+    if not bounded:
+        del body["max_tokens"]
+    before, rss_before = spent_usd(p, "big"), _peak_rss_mb()
+    rid, data, slowest = _stream_polling_healthz(p, "big", body)
+    assert data[-1] == b"[DONE]"
+    usage = orjson.loads(data[-2])["usage"]
+    if bounded:
+        assert usage["completion_tokens"] <= MAX_TOKENS
+    assert 0 < usage["cost_usd"] < 0.01
+    assert settled_to(p, "big", before + usage["cost_usd"]) <= LIMIT_USD
+    # Generous bounds for a loaded machine: old code took 5 s and more, and 200 MB and more.
+    assert slowest < 2.5, f"/healthz took {slowest:.2f} s during the stream"
+    assert _peak_rss_mb() - rss_before < 100
+    assert trace_of(p, rid)["status"] == 200
+
+
+# --- the rules themselves ------------------------------------------------------------------------
+
+BOUND = UsageBound(
+    prompt_tokens=100,
+    completion_tokens=50,
+    completion_enforced=True,
+    reserved_nanos=Price(input_per_mtok=1, output_per_mtok=2).cost_nanos(100, 50),
+)
+
+
+def own_count() -> Usage:
+    return Usage(90, 70, False)  # the router's count of what it relayed
+
+
+@pytest.mark.parametrize(
+    ("reported", "charged"),
+    [
+        (Usage(80, 40, True), Usage(80, 40, True)),  # plausible: as reported
+        (Usage(80, 10**8, True), Usage(90, 50, False, "completion_over_bound")),
+        (Usage(401, 40, True), Usage(90, 50, False, "prompt_over_bound")),
+        (
+            Usage(300, 40, True),
+            Usage(300, 40, True),
+        ),  # a tokenizer mismatch: valid, capped in money
+        (Usage(fault="negative"), Usage(0, 0, False, "negative")),  # backends counted: here 0, 0
+    ],
+)
+def test_usage_is_charged_only_when_plausible_and_never_past_the_bounds(
+    reported: Usage, charged: Usage
+) -> None:
+    assert checked_usage(reported, BOUND, own_count) == charged
+
+
+def test_the_charge_is_capped_by_the_reservation_and_the_rest_is_the_actual_cost() -> None:
+    price = Price(input_per_mtok=1, output_per_mtok=2)
+    within = priced(Usage(80, 40, True), price, BOUND)
+    assert within.cost_usd == within.actual_usd == price.cost(80, 40)
+    over = priced(Usage(300, 40, True), price, BOUND)
+    assert over.cost_usd == BOUND.reserved_nanos / 1e9 < over.actual_usd == price.cost(300, 40)
+
+
+def test_without_an_enforced_bound_our_count_is_not_cut_at_the_default() -> None:
+    loose = UsageBound(100, 50, completion_enforced=False, reserved_nanos=BOUND.reserved_nanos)
+    assert checked_usage(Usage(0, 0, False), loose, own_count) == Usage(0, 0, False)
+    assert checked_usage(Usage(10, 10**6, True), loose, own_count) == Usage(10, 10**6, True)

@@ -53,11 +53,13 @@ demo: $(STAMP)
 # pytest exits 5 when it collected no tests; make fails on any non-zero status, so that can't pass.
 test: $(STAMP) redis promtool
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

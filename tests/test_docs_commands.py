@@ -24,7 +24,8 @@ The README's first two commands cannot run inside the test suite: `make test` ru
 suite, and `make demo` builds llama-cpp-python (minutes) and serves until Ctrl-C (the embedded
 demo itself is tests/router/server/test_demo.py). They are checked structurally: the Makefile
 targets exist, the venv they depend on installs `.[dev,demo]`, `demo` runs `cost-router serve` from
-it, and `test` starts Redis and runs `ruff check .`, `lint-imports` and pytest.
+it, and `test` starts Redis and runs `ruff check .`, `ruff format --check .`, `lint-imports` and
+pytest.
 """
 
 from __future__ import annotations
@@ -265,6 +266,7 @@ def test_readme_first_commands_are_make_demo_and_make_test() -> None:
     assert "$(STAMP)" in test_deps.split() and "redis" in test_deps.split()
     assert [ln.strip() for ln in test.splitlines() if ln.strip()] == [
         "$(BIN)/ruff check .",
+        "$(BIN)/ruff format --check .",
         "$(BIN)/lint-imports",
         "$(BIN)/python -m pytest -q",
     ]

@@ -13,7 +13,6 @@ refused connection at once, a slow or failed answer at the second in a row).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -25,6 +24,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from backends.deployments import Deployment, DeploymentSet, balanced_sets
 from backends.metrics_scrape import KV_CACHE, RUNNING, WAITING, parse_metrics
+from trace_format.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +135,8 @@ class DeploymentProber:
             )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_tasks(self._task)
+        self._task = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None

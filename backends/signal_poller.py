@@ -8,7 +8,6 @@ with readiness from GET /v1/models; a failed poll is logged on the state change,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from backends.config import SignalsConfig, TierConfig
 from backends.metrics_scrape import Scrape, parse_metrics
 from backends.signal_endpoints import Endpoint, polled_endpoints
 from backends.tier_signals import Status, TierSignals, derive
+from trace_format.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +151,8 @@ class SignalsPoller:
             self._task = asyncio.get_running_loop().create_task(self.run(), name="signals-poller")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_tasks(self._task)
+        self._task = None
         if self._own_client and self.client is not None:
             await self.client.aclose()
             self.client, self._own_client = None, False

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from classifiers.config import DEFAULT_MODEL
 from classifiers.dataset import load_dataset
 from classifiers.inference import DifficultyScorer
 
@@ -59,7 +58,7 @@ def run_bench(
             scorer.score_texts(batch_prompts, overlap=overlap)
             runs.append(batch / (time.perf_counter() - start))
         rates[overlap] = round(float(np.median(runs)))
-    path = Path(model) if model is not None else DEFAULT_MODEL
+    path = scorer.path
     return {
         "model": str(path),
         "model_bytes": path.stat().st_size,

@@ -47,6 +47,7 @@ from classifiers.features import (
     is_multiple_choice,
     model_feed,
 )
+from classifiers.model_files import ModelFiles
 from classifiers.ngram_pool import ordered_pool
 from classifiers.train import (
     SourcePrior,
@@ -61,10 +62,6 @@ TARGET_OPSET = 18
 OUTPUT = "probabilities"
 # Smallest norm divided by: an all-zero row stays zero, as in scikit-learn's normalize.
 TINY = 1e-30
-
-
-def metadata_path(model_path: str | Path) -> Path:
-    return Path(model_path).with_suffix(".json")
 
 
 class _Graph:
@@ -359,5 +356,5 @@ def export(pipeline: Pipeline, path: str | Path, metadata: dict[str, Any]) -> di
         "inputs": list(MODEL_INPUTS),
         "output": OUTPUT,
     }
-    metadata_path(path).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    ModelFiles(path).card.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta

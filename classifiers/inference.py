@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from classifiers.config import DEFAULT_MODEL
 from classifiers.features import (
     BROADCAST_KEY,
     MODEL_INPUTS,
@@ -28,6 +27,7 @@ from classifiers.features import (
     is_multiple_choice,
     model_feed,
 )
+from classifiers.model_files import ModelFiles, model_file
 from trace_format.request_text import request_text
 
 # Rows per onnxruntime call: the graph builds a dense [rows, vocabulary] matrix, so chunks keep
@@ -79,7 +79,7 @@ class DifficultyScorer:
     @classmethod
     def load(cls, path: str | Path | None = None, threads: int = 1) -> DifficultyScorer:
         """Load an .onnx classifier (None = the shipped default) and check it scores a probe."""
-        model_path = Path(path) if path is not None else DEFAULT_MODEL
+        model_path = model_file(path)
         if not model_path.is_file():
             raise ModelLoadError(f"classifier model {model_path}: no such file")
         try:
@@ -183,7 +183,7 @@ def _chunks(cleans: Sequence[str], kinds: Sequence[bool]) -> list[np.ndarray]:
 
 
 def _metadata(model_path: Path) -> dict[str, Any]:
-    meta_path = model_path.with_suffix(".json")
+    meta_path = ModelFiles(model_path).card
     if not meta_path.is_file():
         return {}
     try:

@@ -1,4 +1,5 @@
-"""The out-of-fold scores file `<model>.oof.jsonl` beside a model trained by `classifier train`
+"""The out-of-fold scores file `<model>.oof.jsonl` (`ModelFiles.oof`, classifiers/model_files.py)
+beside a model trained by `classifier train`
 (classifiers/retrain.py): one line per labelled request, {"request_id", "score" (the new model's,
 out of fold), "fold", "current_score" (the model it was compared with)}.
 
@@ -13,13 +14,7 @@ from pathlib import Path
 
 import orjson
 
-OOF_SUFFIX = ".oof.jsonl"
-
-
-def oof_path(model_path: str | Path) -> Path:
-    """Where the out-of-fold scores of a model are written: `new.onnx` -> `new.oof.jsonl`."""
-    p = Path(model_path)
-    return p.with_name(p.stem + OOF_SUFFIX)
+from trace_format.jsonl import jsonl_lines
 
 
 def write_oof(
@@ -42,18 +37,19 @@ def read_scores(path: str | Path, field: str = "score") -> dict[str, float]:
     """
     p = Path(path)
     try:
-        lines = p.read_bytes().splitlines()
+        lines = list(jsonl_lines(p))
     except OSError as exc:
         raise ValueError(f"cannot read scores {p}: {exc.strerror}") from None
     out: dict[str, float] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for line in lines:
+        if line.blank:
             continue
+        record = line.value or {}  # not a JSON object: as an object without the fields
         try:
-            record = orjson.loads(line)
             out[str(record["request_id"])] = float(record[field])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             raise ValueError(
-                f"{p}: line {number}: expected an object with 'request_id' and a number '{field}'"
+                f"{p}: line {line.number}: expected an object with 'request_id' and a number "
+                f"'{field}'"
             ) from None
     return out

@@ -6,7 +6,7 @@ same benchmark, the shipped model's own data). Each prompt is hashed after the m
 cleaning and normalisation (classifiers.features: lowercased, whitespace collapsed), so a prompt
 differing only in case or spacing still counts as seen.
 
-Format: `<model>.prompts` (the model's path with that suffix), the sorted distinct 64-bit
+Format: `<model>.prompts` (`ModelFiles.prompts`), the sorted distinct 64-bit
 BLAKE2b digests of the training prompts as little-endian uint64, 8 bytes each; for 10,685 prompts
 85 KB. A 64-bit digest makes a false match between two different prompts about n^2 / 2^64: none
 in practice. Imports numpy and the standard library only.
@@ -22,14 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from classifiers.features import clean_text, normalize_text
+from classifiers.model_files import ModelFiles
 
-PROMPTS_SUFFIX = ".prompts"
 HASH_NAME = "blake2b-64 of the normalized prompt (classifiers/provenance.py)"
-
-
-def prompts_path(model_path: str | Path) -> Path:
-    """The sidecar of a model: `new.onnx` -> `new.prompts`."""
-    return Path(model_path).with_suffix(PROMPTS_SUFFIX)
 
 
 def digests(texts: Iterable[str]) -> np.ndarray:
@@ -53,14 +48,14 @@ def prompt_hashes(texts: Iterable[str]) -> np.ndarray:
 
 def write_prompts(model_path: str | Path, texts: Iterable[str]) -> Path:
     """Write the sidecar of the model at `model_path`; returns its path."""
-    path = prompts_path(model_path)
+    path = ModelFiles(Path(model_path)).prompts
     path.write_bytes(prompt_hashes(texts).astype("<u8").tobytes())
     return path
 
 
 def read_prompts(model_path: str | Path) -> np.ndarray | None:
     """The model's training prompt digests, or None when it has no (readable) sidecar."""
-    path = prompts_path(model_path)
+    path = ModelFiles(Path(model_path)).prompts
     try:
         raw = path.read_bytes()
     except OSError:

@@ -34,15 +34,10 @@ from classifiers.dataset import RoutingDataset, concat
 from classifiers.export import export, metadata_for
 from classifiers.inference import DifficultyScorer
 from classifiers.labels import known
-from classifiers.oof import oof_path, write_oof
-from classifiers.provenance import (
-    HASH_NAME,
-    digests,
-    in_sample_note,
-    prompts_path,
-    write_prompts,
-)
-from classifiers.score_reference import ScoreReference, reference_path_for
+from classifiers.model_files import ModelFiles
+from classifiers.oof import write_oof
+from classifiers.provenance import HASH_NAME, digests, in_sample_note, write_prompts
+from classifiers.score_reference import ScoreReference
 from classifiers.train import OutOfFold, TrainConfig, fit, out_of_fold
 
 # Below this many labelled requests the report warns that its figures are uncertain, and so does
@@ -148,14 +143,14 @@ def train_model(
         base_rows=base_rows,
         own_weight=options.own_weight,
         training_prompts={
-            "file": prompts_path(out).name,
+            "file": ModelFiles(out).prompts.name,
             "count": int(trained.sum()),
             "hash": HASH_NAME,
         },
     )
     oof_file = None
     if oof is not None and comparison is not None:
-        oof_file = oof_path(out)
+        oof_file = ModelFiles(out).oof
         meta["out_of_fold"] = {
             "file": oof_file.name,
             "folds": options.folds,
@@ -168,7 +163,7 @@ def train_model(
         ids = [dataset.ids[i] for i in oof.rows]
         write_oof(oof_file, ids, oof.scores.tolist(), oof.folds.tolist(), current.tolist())
         ScoreReference.from_scores(oof.scores, source=oof_file.name, model=out.name).save(
-            reference_path_for(out)
+            ModelFiles(out).scores
         )
     return TrainReport(out, meta, n_own, base_rows, oof, oof_file, comparison, warnings)
 

@@ -1,5 +1,6 @@
 """The reference score distribution: what a model's scores looked like when its threshold was
-tuned, kept beside the model as `<model>.scores.json`, so live traffic and `drift report` can say
+tuned, kept beside the model as `<model>.scores.json` (`ModelFiles.scores`,
+classifiers/model_files.py), so live traffic and `drift report` can say
 how far today's scores have moved from it.
 
 One owner writes it: `cost-router drift reference` (router/commands/drift.py) builds it from a
@@ -27,24 +28,12 @@ import numpy as np
 import orjson
 
 REFERENCE_SCHEMA_VERSION = 1
-REFERENCE_SUFFIX = ".scores.json"
 DEFAULT_BINS = 1000
 PSI_BINS = 20
 
 
 class ScoreReferenceError(ValueError):
     """A reference file that cannot be read or is not a valid reference; the message names it."""
-
-
-def reference_path_for(model_path: str | Path) -> Path:
-    """Where a model's reference distribution is kept: `new.onnx` -> `new.scores.json`."""
-    p = Path(model_path)
-    return p.with_name(p.stem + REFERENCE_SUFFIX)
-
-
-def bin_edges(bins: int = DEFAULT_BINS) -> np.ndarray:
-    """The B + 1 edges of the fixed bins over [0, 1]."""
-    return np.linspace(0.0, 1.0, bins + 1)
 
 
 def bin_counts(scores: np.ndarray, bins: int = DEFAULT_BINS) -> np.ndarray:

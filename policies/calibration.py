@@ -40,13 +40,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from classifiers.config import DEFAULT_MODEL
+from classifiers.model_files import model_file
 from classifiers.score_reference import DEFAULT_BINS, quantile_from_counts
 from policies.base import (
     NO_CONTEXT,
@@ -316,7 +315,7 @@ def calibration_store(budget_store: Any, prefix: str) -> CalibrationStore:
 
 def model_tag(model_path: str | None) -> str:
     """Identity of the classifier the scores come from: a new model restarts calibration."""
-    path = Path(model_path) if model_path else DEFAULT_MODEL
+    path = model_file(model_path)
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     except OSError:

@@ -51,7 +51,7 @@ class Selection:
 
 class PolicySelector:
     """Built from the routing sections: the built policies by name, the default policy's name,
-    the tiers (for passthrough), teams, keys and experiments (router/proxy/state.py's build_selector
+    the tiers (for passthrough), teams, keys and experiments (router/proxy/build.py's build_selector
     takes them from a RouterConfig)."""
 
     def __init__(

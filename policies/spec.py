@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.config import Price
-from classifiers.config import DEFAULT_MODEL
+from classifiers.model_files import ModelFiles
 from policies.base import Policy
 from policies.target_share import ReferenceTraceError, convert_share, load_reference_scores
 from trace_format.config_base import ConfigError
@@ -29,9 +28,9 @@ CARD_KEY = "default_threshold"
 def card_threshold(model_path: str | None) -> float:
     """Threshold when a policy gives none: the classifier card's `default_threshold` (the model's
     JSON metadata, written at training), else 0.5. Read as JSON: no scoring needed here."""
-    onnx = Path(model_path) if model_path else DEFAULT_MODEL
     try:
-        value = json.loads(onnx.with_suffix(".json").read_text(encoding="utf-8")).get(CARD_KEY)
+        card = ModelFiles.of(model_path).card
+        value = json.loads(card.read_text(encoding="utf-8")).get(CARD_KEY)
     except (OSError, ValueError, AttributeError):
         return DEFAULT_THRESHOLD
     return float(value) if isinstance(value, int | float) and 0 <= value <= 1 else DEFAULT_THRESHOLD

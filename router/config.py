@@ -1,5 +1,6 @@
 """The router's configuration: `RouterConfig` composes each area's own section models and checks
-the references between them; this module owns loading (YAML file + environment overrides).
+the references between them; this module owns loading (YAML file + environment overrides) and
+editing the file (`edit_config`).
 
 Environment overrides use ``COST_ROUTER__`` with ``__`` between nested keys, e.g.
 ``COST_ROUTER__SERVER__PORT=9000`` or ``COST_ROUTER__BUDGETS__REDIS_URL=redis://host:6379/0``.
@@ -8,9 +9,12 @@ Values are parsed as YAML scalars, so ``true``/``8``/``0.5`` get their natural t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import tempfile
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -35,7 +39,14 @@ from router.observability.config import MonitoringConfig
 from router.observability.telemetry_config import TelemetryConfig
 from trace_format.config_base import ConfigError, StrictModel
 
-__all__ = ["RouterConfig", "config_from_dict", "load_config", "section_from_env"]
+__all__ = [
+    "RouterConfig",
+    "config_from_dict",
+    "edit_config",
+    "load_config",
+    "section_from_env",
+    "write_atomically",
+]
 
 ENV_PREFIX = "COST_ROUTER__"
 
@@ -177,11 +188,14 @@ class RouterConfig(StrictModel):
             model_path=self.classifier.model_path,
         )
 
+    @cached_property
+    def tiers_by_name(self) -> Mapping[str, TierConfig]:
+        """The tiers by name, in config order. Computed once: a config's tiers never change
+        after validation (a reload builds a new config)."""
+        return {t.name: t for t in self.tiers}
+
     def tier(self, name: str) -> TierConfig:
-        for t in self.tiers:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return self.tiers_by_name[name]  # KeyError(name) when there is none
 
 
 # Which environment variable set which key: (lower-cased key path) -> variable name.
@@ -329,3 +343,43 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> R
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
     return config_from_dict(data, source=str(p), environ=environ)
+
+
+# Editing a config file from a command (`tune --write`, `classifier promote|rollback`). The edited
+# document is validated as a whole (environment overrides included, on a copy: their values never
+# reach the file) before the file is replaced, and it is replaced atomically, so a proxy watching
+# the file (router/proxy/reload.py) never reads half of it. YAML comments are not kept (PyYAML
+# does not keep them).
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` in one step (same folder, then os.replace), keeping its mode."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def edit_config(path: str | Path, edit: Callable[[dict[str, Any]], None]) -> RouterConfig:
+    """Apply `edit` to the YAML document at `path`, validate, replace the file atomically; returns
+    the validated config. Raises ConfigError naming the key (the file is then unchanged)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {p}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    edit(data)
+    config = config_from_dict(data, source=str(p))
+    write_atomically(p, yaml.safe_dump(data, sort_keys=False).encode())
+    return config

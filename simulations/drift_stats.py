@@ -1,7 +1,8 @@
 """Drift statistics with a controlled false-alarm rate: PSI, a two-sample KS test on binned
 scores, per-window alpha spending, a two-sided Bernoulli CUSUM, and a one-sided test on quality
 retained. Used by `drift report` (simulations/drift_report.py), the detection benchmarks and the
-proxy's live drift gauges; numpy and scipy.stats only.
+proxy's live drift gauges; numpy and the standard library only (no scipy: the proxy imports this
+module, and scipy stays off the request path).
 
 How an alarm is decided (docs/monitoring.md, "Sound detection"):
 
@@ -34,9 +35,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
-from scipy import stats
+
+from simulations.kolmogorov import kolmogorov_sf
 
 # PSI compares proportions by log ratio; a bin empty on one side would be infinite. Proportions
 # are floored at PSI_EPSILON before the sum: an empty bin then adds at most
@@ -44,6 +47,8 @@ from scipy import stats
 # choice in credit-scoring practice, where PSI comes from.
 PSI_EPSILON = 1e-4
 SECONDS_PER_30_DAYS = 30 * 86_400.0
+# The two-sided 95% normal quantile, 1.959963984540054.
+Z_975 = NormalDist().inv_cdf(0.975)
 
 
 def psi(reference: np.ndarray, current: np.ndarray, eps: float = PSI_EPSILON) -> float:
@@ -71,9 +76,10 @@ def ks_binned(reference: np.ndarray, current: np.ndarray) -> KsResult:
 
     The statistic is the largest gap between the two binned CDFs: exactly what
     `scipy.stats.ks_2samp` gives for samples placed at the bin centres. The p-value is scipy's
-    asymptotic one, `kstwo.sf(D, round(n*m / (n+m)))` (as ks_2samp's method='asymp'), computed
-    from the counts so a window of a million scores costs one pass over the bins. Binning ties
-    scores within a bin, which can only shrink D: the test is conservative (fewer false alarms).
+    asymptotic one, `kstwo.sf(D, round(n*m / (n+m)))` (as ks_2samp's method='asymp'; here
+    simulations/kolmogorov.py's `kolmogorov_sf`), computed from the counts so a window of a
+    million scores costs one pass over the bins. Binning ties scores within a bin, which can
+    only shrink D: the test is conservative (fewer false alarms).
     """
     ref = np.asarray(reference, dtype=np.float64)
     cur = np.asarray(current, dtype=np.float64)
@@ -82,8 +88,7 @@ def ks_binned(reference: np.ndarray, current: np.ndarray) -> KsResult:
         return KsResult(float("nan"), float("nan"))
     d = float(np.max(np.abs(np.cumsum(ref) / n - np.cumsum(cur) / m)))
     en = round(n * m / (n + m))
-    p = float(stats.kstwo.sf(d, max(int(en), 1)))
-    return KsResult(d, min(max(p, 0.0), 1.0))
+    return KsResult(d, kolmogorov_sf(d, max(int(en), 1)))
 
 
 def window_alpha(window_s: float, false_alarms_per_30_days: float, tests: int = 1) -> float:
@@ -201,8 +206,7 @@ class RetainedAccumulator:
         # Delta method for a ratio of means: Var(R) ~ (var_r - 2R cov + R^2 var_l) / (n ml^2).
         var = max(var_r - 2 * ratio * cov + ratio * ratio * var_l, 0.0) / (n * ml * ml)
         se = math.sqrt(var * n / (n - 1))
-        z = float(stats.norm.ppf(0.975))
-        return RetainedEstimate(ratio, ratio - z * se, ratio + z * se, se, n)
+        return RetainedEstimate(ratio, ratio - Z_975 * se, ratio + Z_975 * se, se, n)
 
 
 class GaussianCusum:

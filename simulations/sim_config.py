@@ -25,7 +25,7 @@ from backends.config import Price, TierConfig
 from backends.example_prices import EXAMPLE_PRICES
 from classifiers.config import ClassifierConfig
 from policies.config import BudgetsConfig, PolicyConfig, TeamConfig
-from policies.registry import PolicyEnv, check_routing, tiers_by_price
+from policies.registry import SPECS, PolicyEnv, check_routing, tiers_by_price
 from trace_format.config_base import ConfigError
 
 DEFAULT_POLICY = "balanced"
@@ -149,6 +149,31 @@ def _section(model: type[_Model], value: Any, key: str, source: str) -> _Model:
             loc = ".".join(str(p) for p in e["loc"])
             lines.append(f"{key}.{loc}: {e['msg']}" if loc else f"{key}: {e['msg']}")
         raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def set_threshold(
+    data: dict[str, Any],
+    policy: str | None,
+    threshold: float,
+    target: tuple[str, float] | None = None,
+    source: str = "the config",
+) -> str:
+    """Set `policies.<policy>.threshold` (default: the document's default policy) in a router
+    config document, and `tuned_for` (the target it meets, which `classifier promote` re-tunes
+    to); a fixed threshold replaces a target share. Returns the policy name set; raises
+    ConfigError (naming `source`) for a policy type without a threshold."""
+    name = policy or data.get("default_policy") or DEFAULT_POLICY
+    policies = data.setdefault("policies", {}) or {}
+    data["policies"] = policies
+    entry = policies.setdefault(name, {"type": "threshold"})
+    spec = SPECS.get(str(entry.get("type")))
+    if spec is None or "threshold" not in spec.params.model_fields:
+        raise ConfigError(f"{source}: policies.{name} has type {entry.get('type')!r}: no threshold")
+    entry.pop("target_large_share", None)
+    entry["threshold"] = round(float(threshold), 6)
+    if target is not None:
+        entry["tuned_for"] = {"kind": target[0], "value": float(target[1])}
+    return name
 
 
 def defaults_document() -> dict[str, Any]:

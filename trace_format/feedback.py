@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from trace_format.jsonl import read_objects
+
 FEEDBACK_FILE = "feedback.jsonl"
 
 
@@ -40,23 +42,16 @@ def feedback_line(
 
 
 def load_feedback(path: str | Path) -> dict[str, float]:
-    """Mean feedback score per request id from a feedback file ({} if absent).
-
-    Lines that do not parse are skipped: the file is appended to by live replicas, so its last
-    line may be half-written while we read.
-    """
+    """Mean feedback score per request id from a feedback file ({} if absent). The file is
+    appended to by live replicas (trace_format/jsonl.py); records without a request id and a
+    numeric score are skipped."""
     sums: dict[str, list[float]] = {}
-    p = Path(path)
-    if not p.exists():
-        return {}
-    with p.open("rb") as fh:
-        for line in fh:
-            try:
-                rec = orjson.loads(line)
-                rid, score = rec["request_id"], float(rec["score"])
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
-            acc = sums.setdefault(rid, [0.0, 0.0])
-            acc[0] += score
-            acc[1] += 1
+    for rec in read_objects(path):
+        try:
+            rid, score = rec["request_id"], float(rec["score"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        acc = sums.setdefault(rid, [0.0, 0.0])
+        acc[0] += score
+        acc[1] += 1
     return {rid: total / n for rid, (total, n) in sums.items()}

@@ -17,10 +17,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
+
+from trace_format.jsonl import read_objects
 
 LABELS_FILE = "labels.jsonl"
 LABEL_SCHEMA_VERSION = 1
@@ -49,21 +50,14 @@ def labels_path_for(trace_path: str | Path) -> Path:
 
 
 def iter_labels(path: str | Path) -> Iterator[LabelRecord]:
-    """Every label of a label file, in file order (none if the file is absent).
-
-    Lines that do not parse are skipped: the file is appended to while the proxy runs, so its
-    last line may be half-written while we read.
-    """
-    p = Path(path)
-    if not p.exists():
-        return
-    with p.open("rb") as fh:
-        for line in fh:
-            try:
-                raw: Any = orjson.loads(line)
-                yield LabelRecord.model_validate(raw)
-            except (orjson.JSONDecodeError, ValueError):
-                continue
+    """Every label of a label file, in file order (none if the file is absent). The file is
+    appended to while the proxy runs (trace_format/jsonl.py); lines that are not labels are
+    skipped."""
+    for record in read_objects(path):
+        try:
+            yield LabelRecord.model_validate(record)
+        except ValueError:
+            continue
 
 
 def merged_outcomes(path: str | Path) -> dict[str, dict[str, float]]:

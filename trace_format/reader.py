@@ -2,7 +2,9 @@
 and the one walker of data folders (`data_files`: traces and RouteLLM CSVs, in time order).
 
 Training, the policies' reference traces, the simulator, replay tiers, the A/B report and the
-feedback id index all read traces through here, so a schema change is handled in one place.
+feedback id index all read traces through here, so a schema change is handled in one place. The
+files kept beside the traces, appended to while they are read (labels, feedback, shadow
+records), go through trace_format/jsonl.py's tolerant reader instead.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
+from trace_format.jsonl import read_objects
 
 SHADOW_FILE = "shadow.jsonl"  # reader.is_trace_file leaves `shadow*` files out of the traces
 SHADOW_SCHEMA_VERSION = 1
@@ -26,16 +26,6 @@ def shadow_path_for(trace_path: str | Path) -> Path:
 
 
 def iter_shadow(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Every shadow record of a file, in file order (none if absent); a half-written last line
-    (the proxy appends while we read) is skipped."""
-    p = Path(path)
-    if not p.exists():
-        return
-    with p.open("rb") as fh:
-        for line in fh:
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                yield record
+    """Every shadow record of a file, in file order (none if absent); the proxy appends while
+    we read (trace_format/jsonl.py)."""
+    return read_objects(path)

@@ -23,37 +23,37 @@ log = logging.getLogger("cost_router.budgets")
 Stores = tuple[BudgetStore, KeyStore]
 
 
-def _memory(cfg: BudgetsConfig, clock: Clock) -> Stores:
-    return InMemoryBudgetStore(cfg.lease_s, cfg.timezone, clock), InMemoryKeyStore()
+def _memory(settings: BudgetsConfig, clock: Clock) -> Stores:
+    return InMemoryBudgetStore(settings.lease_s, settings.timezone, clock), InMemoryKeyStore()
 
 
-def _redis(cfg: BudgetsConfig, clock: Clock) -> Stores:
+def _redis(settings: BudgetsConfig, clock: Clock) -> Stores:
     # Imported here: the embedded default (store: memory) never loads redis-py.
     from policies.budgets.redis_store import RedisBudgetStore
 
     log.info(
         "budgets: Redis store at %s (prefix %r, fail_mode %s, lease %.0fs)",
-        _redacted(cfg.redis_url),
-        cfg.key_prefix,
-        cfg.fail_mode,
-        cfg.lease_s,
+        _redacted(settings.redis_url),
+        settings.key_prefix,
+        settings.fail_mode,
+        settings.lease_s,
     )
-    store = RedisBudgetStore(cfg, clock=clock)
-    return store, RedisKeyStore(store.redis, cfg.key_prefix)
+    store = RedisBudgetStore(settings, clock=clock)
+    return store, RedisKeyStore(store.redis, settings.key_prefix)
 
 
-def _redis_cluster(cfg: BudgetsConfig, clock: Clock) -> Stores:
+def _redis_cluster(settings: BudgetsConfig, clock: Clock) -> Stores:
     from policies.budgets.redis_cluster_store import RedisClusterBudgetStore
 
     log.info(
         "budgets: Redis Cluster store, seed node %s (prefix %r, fail_mode %s, lease %.0fs)",
-        _redacted(cfg.redis_url),
-        cfg.key_prefix,
-        cfg.fail_mode,
-        cfg.lease_s,
+        _redacted(settings.redis_url),
+        settings.key_prefix,
+        settings.fail_mode,
+        settings.lease_s,
     )
-    store = RedisClusterBudgetStore(cfg, clock=clock)
-    return store, RedisKeyStore(store.redis, cfg.key_prefix)
+    store = RedisClusterBudgetStore(settings, clock=clock)
+    return store, RedisKeyStore(store.redis, settings.key_prefix)
 
 
 # budgets.store -> builder: the one list of store kinds (the config accepts exactly these).
@@ -74,10 +74,10 @@ def check_store_kind(kind: str) -> None:
         )
 
 
-def build_stores(cfg: BudgetsConfig, clock: Clock = time.time) -> Stores:
-    """The budget store `cfg.store` names and the key store that goes with it."""
-    check_store_kind(cfg.store)
-    return STORE_KINDS[cfg.store](cfg, clock)
+def build_stores(settings: BudgetsConfig, clock: Clock = time.time) -> Stores:
+    """The budget store `settings.store` names and the key store that goes with it."""
+    check_store_kind(settings.store)
+    return STORE_KINDS[settings.store](settings, clock)
 
 
 def _redacted(url: str) -> str:

@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from trace_format.jsonl import jsonl_lines
+
 log = logging.getLogger("cost_router.budgets.redis")
 
 
@@ -47,10 +49,14 @@ class Journal:
                 os.close(fd)
                 continue  # a live replica owns it
             try:
-                for line in other.read_bytes().splitlines():
-                    if line.strip():
-                        entry = orjson.loads(line)
-                        self.add(entry)
+                for line in jsonl_lines(other):
+                    if line.blank:
+                        continue
+                    if line.value is None:
+                        # Not passed over, unlike other appended files: the file stays for an
+                        # operator rather than a charge being lost.
+                        raise ValueError(f"{other}: line {line.number}: not a journal entry")
+                    self.add(line.value)
                 log.warning("adopted %s from a replica that stopped", other)
                 other.unlink()
             finally:

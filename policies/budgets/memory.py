@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -25,6 +24,7 @@ from policies.budgets.store import (
     capped_charge,
 )
 from policies.config import BudgetLimit
+from trace_format.tasks import stop_tasks
 
 log = logging.getLogger("cost_router.budgets")
 
@@ -80,11 +80,8 @@ class InMemoryBudgetStore(BudgetStore):
             await self.renew()
 
     async def aclose(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-            self._renewer = None
+        await stop_tasks(self._renewer)
+        self._renewer = None
 
     async def renew(self) -> int:
         """Same contract as the Redis store: this process's open reservations keep their hold."""

@@ -37,14 +37,14 @@ SLOTS = 16384
 class RedisClusterBudgetStore(RedisBudgetStore):
     kind = "redis-cluster"
 
-    def __init__(self, cfg: BudgetsConfig, client: Any | None = None, **kwargs: Any) -> None:
-        super().__init__(cfg, client, **kwargs)
+    def __init__(self, settings: BudgetsConfig, client: Any | None = None, **kwargs: Any) -> None:
+        super().__init__(settings, client, **kwargs)
         # One plain client per master (host, port), for the WAIT of budgets.redis_wait_replicas.
         self._nodes: dict[tuple[str, int], aioredis.Redis] = {}
 
-    def _connect(self, cfg: BudgetsConfig) -> Any:
+    def _connect(self, settings: BudgetsConfig) -> Any:
         return RedisCluster.from_url(
-            cfg.redis_url, require_full_coverage=True, **connection_options(cfg)
+            settings.redis_url, require_full_coverage=True, **connection_options(settings)
         )
 
     def _node_client(self, key: str) -> Any:
@@ -52,17 +52,17 @@ class RedisClusterBudgetStore(RedisBudgetStore):
         client = self._nodes.get((node.host, node.port))
         if client is None:
             # The seed URL with this node's address: same credentials, TLS and timeouts.
-            parts = urlsplit(self.cfg.redis_url)
+            parts = urlsplit(self.settings.redis_url)
             userinfo, at, _ = parts.netloc.rpartition("@")
             url = urlunsplit(parts._replace(netloc=f"{userinfo}{at}{node.host}:{node.port}"))
             client = aioredis.Redis.from_url(
-                url, **{**connection_options(self.cfg), "max_connections": 64}
+                url, **{**connection_options(self.settings), "max_connections": 64}
             )
             self._nodes[(node.host, node.port)] = client
         return client
 
     async def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        if not self.cfg.redis_wait_replicas or name not in DURABLE:
+        if not self.settings.redis_wait_replicas or name not in DURABLE:
             return await super()._run_script(name, keys, args)
         try:
             await self.redis.initialize()  # a no-op once the client has its slot map

@@ -56,6 +56,7 @@ from policies.budgets.store import (
     capped_charge,
 )
 from policies.config import BudgetLimit, BudgetsConfig
+from trace_format.tasks import stop_tasks
 
 log = logging.getLogger("cost_router.budgets.redis")
 
@@ -91,11 +92,11 @@ def _script_text(name: str) -> str:
     return prelude + "\n" + body if name != "reset" else body
 
 
-def connection_options(cfg: BudgetsConfig) -> dict[str, Any]:
+def connection_options(settings: BudgetsConfig) -> dict[str, Any]:
     """Client options shared by the single-Redis and the cluster client."""
     return {
-        "socket_timeout": cfg.redis_timeout_s,
-        "socket_connect_timeout": cfg.redis_timeout_s,
+        "socket_timeout": settings.redis_timeout_s,
+        "socket_connect_timeout": settings.redis_timeout_s,
         "max_connections": 512,
         # One quick retry: reserve and settle are idempotent by request id, and an outage must
         # be reported within ~redis_timeout_s, not after seconds of backoff.
@@ -122,25 +123,25 @@ class RedisBudgetStore(BudgetStore):
     kind = "redis"
 
     def __init__(
-        self, cfg: BudgetsConfig, client: Any | None = None, clock: Clock = time.time
+        self, settings: BudgetsConfig, client: Any | None = None, clock: Clock = time.time
     ) -> None:
-        super().__init__(cfg.lease_s, cfg.timezone, clock)
-        self.cfg = cfg
-        self.prefix = cfg.key_prefix
-        self.fail_open = cfg.fail_mode == "open"
-        self.redis = client or self._connect(cfg)
+        super().__init__(settings.lease_s, settings.timezone, clock)
+        self.settings = settings
+        self.prefix = settings.key_prefix
+        self.fail_open = settings.fail_mode == "open"
+        self.redis = client or self._connect(settings)
         # Writes whose WAIT got fewer replicas than budgets.redis_wait_replicas (a failover now
         # could lose them).
         self.unreplicated = 0
         self._scripts = {n: self.redis.register_script(_script_text(n)) for n in SCRIPTS}
-        self.journal = Journal(cfg.journal_path)
+        self.journal = Journal(settings.journal_path)
         # Recent settles of this replica: a repeated settle is answered without a round trip
         # (the done markers in Redis stay the authority, for other replicas and after a restart).
         self._settled: OrderedDict[str, Settlement] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
-    def _connect(self, cfg: BudgetsConfig) -> Any:
-        return aioredis.Redis.from_url(cfg.redis_url, **connection_options(cfg))
+    def _connect(self, settings: BudgetsConfig) -> Any:
+        return aioredis.Redis.from_url(settings.redis_url, **connection_options(settings))
 
     def keys(self, team: str) -> TeamKeys:
         return TeamKeys(self.prefix, team)
@@ -163,17 +164,17 @@ class RedisBudgetStore(BudgetStore):
         """For reserve and settle with budgets.redis_wait_replicas, WAIT on the same connection
         until that many replicas have the write."""
         script = self._scripts[name]
-        if not self.cfg.redis_wait_replicas or name not in DURABLE:
+        if not self.settings.redis_wait_replicas or name not in DURABLE:
             return await script(keys=keys, args=args)
         pipe = self._node_client(keys[0]).pipeline(transaction=False)
         await script(keys=keys, args=args, client=pipe)  # queued; loaded by the pipeline
-        pipe.wait(self.cfg.redis_wait_replicas, self.cfg.redis_wait_timeout_ms)
+        pipe.wait(self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
         reply, acked = await pipe.execute()
-        if int(acked) < self.cfg.redis_wait_replicas:
+        if int(acked) < self.settings.redis_wait_replicas:
             self.unreplicated += 1
             raise NotReplicated(
-                f"{name} of {args[0]} reached {int(acked)} of {self.cfg.redis_wait_replicas} "
-                f"replica(s) within {self.cfg.redis_wait_timeout_ms} ms"
+                f"{name} of {args[0]} reached {int(acked)} of {self.settings.redis_wait_replicas} "
+                f"replica(s) within {self.settings.redis_wait_timeout_ms} ms"
             )
         return reply
 
@@ -489,7 +490,7 @@ class RedisBudgetStore(BudgetStore):
                 log.error(
                     "budgets.store is redis but %s is a Redis Cluster node: use "
                     "budgets.store: redis-cluster",
-                    self.cfg.redis_url,
+                    self.settings.redis_url,
                 )
                 return False
             return bool(await self.redis.ping())
@@ -512,20 +513,17 @@ class RedisBudgetStore(BudgetStore):
                     next_renew = time.monotonic() + self.lease_s / 3
                     await self.renew()
                 if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + self.cfg.sweep_interval_s
+                    next_sweep = time.monotonic() + self.settings.sweep_interval_s
                     await self.sweep()
             except UNREACHABLE as exc:
                 log.debug("budget maintenance: store unreachable: %s", exc)
             except Exception:  # keep the loop alive; a bug here must not stop reclaiming
                 log.exception("budget maintenance failed")
-            await asyncio.sleep(min(1.0, self.cfg.sweep_interval_s, self.lease_s / 3))
+            await asyncio.sleep(min(1.0, self.settings.sweep_interval_s, self.lease_s / 3))
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_tasks(self._task)
+        self._task = None
         with contextlib.suppress(*UNREACHABLE):
             await self.replay_journal()
         self.journal.close()

@@ -19,7 +19,7 @@ ab_app = typer.Typer(no_args_is_help=True)
 
 
 @ab_app.command("report")
-def report(
+def report_cmd(
     traces: list[Path] = typer.Option(
         ..., "--traces", "-t", help="trace JSONL files or directories"
     ),
@@ -45,10 +45,10 @@ def report(
 
     if out is not None and out.suffix.lower() not in (".png", ".html", ".htm"):
         raise fail(f"--out must end in .png or .html, not {out.name!r}")
-    cfg = load_config_or_exit(config) if config else None
+    router_config = load_config_or_exit(config) if config else None
     try:
         weights, priciest, unit = (
-            _from_config(cfg, experiment, config) if cfg else (None, None, None)
+            _from_config(router_config, experiment, config) if router_config else (None, None, None)
         )
         rep = report_from_files(
             traces,
@@ -73,26 +73,26 @@ def report(
         )
 
 
-def _experiment(cfg: RouterConfig, name: str) -> ExperimentConfig | None:
-    return next((e for e in cfg.experiments if e.name == name), None)
+def _experiment(config: RouterConfig, name: str) -> ExperimentConfig | None:
+    return next((e for e in config.experiments if e.name == name), None)
 
 
 def _from_config(
-    cfg: RouterConfig, experiment: str, path: Path | None
+    config: RouterConfig, experiment: str, path: Path | None
 ) -> tuple[dict[str, float], str, str]:
     """The experiment's arm weights, the priciest tier and the assignment unit (what the report
     resamples), from the router config."""
     from simulations.ab_report import ReportError
 
-    exp = _experiment(cfg, experiment)
+    exp = _experiment(config, experiment)
     if exp is None:
         raise ReportError(f"no experiment {experiment!r} in {path}")
     weights = {a: arm.weight for a, arm in exp.arms.items()}
-    return weights, tiers_by_price(cfg.policy_env().prices)[-1], exp.unit
+    return weights, tiers_by_price(config.policy_env().prices)[-1], exp.unit
 
 
 @ab_app.command("assign")
-def assign(
+def assign_cmd(
     config: Path = typer.Option(..., "--config", "-c", help="router config YAML"),
     experiment: str = typer.Option(..., "--experiment"),
     units: list[str] = typer.Argument(None, help="unit values (team, key id, user or header)"),

@@ -37,9 +37,8 @@ def _load(path: Path | None) -> RouterConfig:
 
 
 def _plans(path: Path | None, only: list[str] | None) -> list[LaunchPlan]:
-    config = _load(path)
     try:
-        plans = plan_tiers(config.tiers)
+        plans = plan_tiers(_load(path).tiers)
     except LaunchError as exc:
         raise fail(f"{exc}") from None
     if only:
@@ -53,7 +52,7 @@ def _plans(path: Path | None, only: list[str] | None) -> list[LaunchPlan]:
 
 
 @backends_app.command("plan")
-def plan(config: Path | None = PLAN_CONFIG_OPT) -> None:
+def plan_cmd(config: Path | None = PLAN_CONFIG_OPT) -> None:
     """Print the server command line of every tier with a launch profile (runs nothing)."""
     for p in _plans(config, None):
         metrics = p.metrics_url or "none (readiness from /v1/models only)"
@@ -69,7 +68,7 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 @backends_app.command("launch")
-def launch(
+def launch_cmd(
     config: Path | None = PLAN_CONFIG_OPT,
     tier: list[str] | None = typer.Option(None, "--tier", help="only these tiers (repeatable)"),
     log_dir: Path = typer.Option(Path("logs/backends"), help="one <tier>.log per server"),
@@ -101,7 +100,7 @@ def launch(
 
 
 @backends_app.command("signals")
-def signals(
+def signals_cmd(
     config: Path = CONFIG_OPT,
     interval: float = typer.Option(2.0, help="seconds between the two polls rates come from"),
     save: Path | None = typer.Option(None, help="write the snapshot as JSON (for simulate)"),
@@ -109,11 +108,11 @@ def signals(
     """Poll every tier's /metrics twice and print load, acceptance rate and latency per tier."""
     from backends.signal_poller import measure_now
 
-    cfg = _load(config)
-    endpoints = polled_endpoints(cfg.tiers)
+    router_config = _load(config)
+    endpoints = polled_endpoints(router_config.tiers)
     if not endpoints:
         raise fail("no tier has a metrics_url or a launch profile to poll")
-    snap = measure_now(endpoints, interval, cfg.signals.timeout_s)
+    snap = measure_now(endpoints, interval, router_config.signals.timeout_s)
     for name, s in snap.items():
         values = " ".join(f"{k}={v:.4g}" for k, v in s.numeric().items())
         typer.echo(f"{name}: {s.status} {values}" + (f" ({s.detail})" if s.detail else ""))

@@ -70,9 +70,12 @@ def _default_budgets() -> BudgetsConfig:
 
 def _sections(config: Path | None, redis_url: str | None) -> _Sections:
     if config is not None:
-        cfg = load_config_or_exit(config)
+        router_config = load_config_or_exit(config)
         sections = _Sections(
-            cfg.budgets, ScopeLimits(cfg.teams, cfg.keys), list(cfg.keys), cfg.auth
+            router_config.budgets,
+            ScopeLimits(router_config.teams, router_config.keys),
+            list(router_config.keys),
+            router_config.auth,
         )
     else:
         sections = _Sections(_default_budgets(), ScopeLimits({}, []), [], AuthConfig())
@@ -193,7 +196,7 @@ def _check_team(team: str, config: Path | None, allow_unlisted: bool) -> None:
 
 
 @keys_app.command("create")
-def keys_create(
+def keys_create_cmd(
     team: str = typer.Option(..., "--team", help="team the key charges"),
     user: str | None = typer.Option(None, "--user", help="optional user the key belongs to"),
     name: str | None = typer.Option(None, "--name", help="label shown by `keys list`"),
@@ -215,7 +218,7 @@ def keys_create(
 
 
 @keys_app.command("revoke")
-def keys_revoke(
+def keys_revoke_cmd(
     key_id: str = typer.Argument(..., help="key id (>= 8 hex digits of its sha256)"),
     config: Path | None = ConfigOpt,
     redis_url: str | None = RedisOpt,
@@ -227,7 +230,7 @@ def keys_revoke(
 
 
 @keys_app.command("list")
-def keys_list(
+def keys_list_cmd(
     config: Path | None = ConfigOpt, redis_url: str | None = RedisOpt, as_json: bool = JsonOpt
 ) -> None:
     """List keys (config and run-time): id, team, user, name, created, revoked."""
@@ -257,7 +260,7 @@ def keys_list(
 
 
 @budget_app.command("show")
-def budget_show(
+def budget_show_cmd(
     team: str | None = typer.Option(None, "--team", help="one team (default: all)"),
     config: Path | None = ConfigOpt,
     redis_url: str | None = RedisOpt,
@@ -287,7 +290,7 @@ def budget_show(
 
 
 @budget_app.command("set")
-def budget_set(
+def budget_set_cmd(
     team: str = typer.Option(..., "--team"),
     limit_usd: float | None = typer.Option(None, "--limit-usd", min=0, help="USD per period"),
     period: str = typer.Option("monthly", "--period", help=" | ".join(PERIODS)),
@@ -323,7 +326,7 @@ def budget_set(
 
 
 @budget_app.command("reset")
-def budget_reset(
+def budget_reset_cmd(
     team: str = typer.Option(..., "--team"),
     key: str | None = typer.Option(None, "--key", help="a key id: reset that key's spend"),
     yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation"),
@@ -339,7 +342,7 @@ def budget_reset(
 
 
 @budget_app.command("ledger")
-def budget_ledger(
+def budget_ledger_cmd(
     team: str = typer.Option(..., "--team"),
     config: Path | None = ConfigOpt,
     redis_url: str | None = RedisOpt,
@@ -375,7 +378,7 @@ def budget_ledger(
 
 
 @budget_app.command("audit")
-def budget_audit(
+def budget_audit_cmd(
     team: str | None = typer.Option(None, "--team", help="one team (default: all)"),
     config: Path | None = ConfigOpt,
     redis_url: str | None = RedisOpt,

@@ -1,7 +1,7 @@
 """`cost-router classifier train|eval|score|bench` (registered by router/cli.py).
 
-`train` is the retrain step of the learning loop (classifiers/retrain.py does the work); a
-`promote` command belongs here too, on top of classifiers.compare.compare_models.
+`train` is the retrain step of the learning loop (classifiers/retrain.py does the work);
+`promote` and `rollback` join the group from router/commands/promote.py.
 
 Heavy imports (scikit-learn, pandas, onnxruntime) happen inside the commands that need them, so
 the rest of the CLI starts fast.
@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, TextIO
 import numpy as np
 import typer
 
-from classifiers.config import DEFAULT_MODEL
 from classifiers.dataset import (
     DatasetError,
     RoutingDataset,
@@ -28,6 +27,7 @@ from classifiers.dataset import (
 )
 from classifiers.evaluate import report
 from classifiers.labels import known
+from classifiers.model_files import ModelFiles, model_file
 from router.commands.common import fail
 from router.learning.judges.feedback import append_feedback_labels
 from trace_format.feedback import FEEDBACK_FILE
@@ -115,12 +115,11 @@ def train_cmd(
     metadata, and compare with the current model out of fold (paired bootstrap)."""
     # scikit-learn, pandas and onnx load for training only (see the module docstring).
     from classifiers.retrain import TrainOptions, train_model
-    from classifiers.score_reference import reference_path_for
     from classifiers.train import TrainConfig
     from router.commands.progress import phases
 
     out = out if out is not None else default_out()
-    if out.resolve() == DEFAULT_MODEL.resolve() and not overwrite_shipped:
+    if out.resolve() == model_file(None) and not overwrite_shipped:
         raise fail(f"{out} is the shipped model; pass --overwrite-shipped to replace it")
     if folds == 1 or folds < 0:
         raise fail(f"--folds must be 0 (no report) or at least 2, got {folds}")
@@ -175,9 +174,10 @@ def train_cmd(
         typer.echo("\n".join(report.comparison.lines()))
     for warning in report.warnings:
         typer.echo(warning, err=True)
-    written = [str(out.with_suffix(".json")), str(out.with_suffix(".prompts"))]
+    files = ModelFiles(out)
+    written = [str(files.card), str(files.prompts)]
     if report.oof_file is not None:
-        written += [str(report.oof_file), str(reference_path_for(out))]
+        written += [str(report.oof_file), str(files.scores)]
     typer.echo(f"wrote {out} ({report.metadata['onnx_bytes']} bytes), {', '.join(written)}")
     if report_kind == "loso":
         _loso(

@@ -346,7 +346,7 @@ def reference_markdown() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def config_reference(
+def config_reference_cmd(
     out: Path | None = typer.Option(
         None, "--out", "-o", help=f"write the page here (the docs' page: {DOC_PAGE})"
     ),
@@ -366,4 +366,4 @@ def config_reference(
 
 def register_config_reference(config_app: typer.Typer) -> None:
     """Adds `reference` to the `cost-router config` group."""
-    config_app.command("reference")(config_reference)
+    config_app.command("reference")(config_reference_cmd)

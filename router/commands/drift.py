@@ -16,18 +16,21 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from classifiers.config import DEFAULT_MODEL
 from classifiers.score_reference import (
-    DEFAULT_BINS,
     ScoreReference,
     ScoreReferenceError,
-    bin_counts,
-    quantile_from_counts,
-    reference_path_for,
 )
+from policies.config import PolicyConfig
 from policies.spec import tiers_by_price
 from router.commands.common import fail, load_config_or_exit
 from router.config import RouterConfig
+from simulations.drift_basis import (
+    configured_target,
+    policy_model,
+    reference_file,
+    reference_from_traces,
+    threshold_and_target,
+)
 
 drift_app = typer.Typer(no_args_is_help=True)
 
@@ -41,41 +44,44 @@ CONFIG = typer.Option(None, "--config", "-c", help="router YAML: policy threshol
 POLICY = typer.Option(None, "--policy", "-p", help="policy name (default: the config's default)")
 
 
-def _policy_params(
-    cfg: RouterConfig | None, policy: str | None
-) -> tuple[str | None, dict[str, Any]]:
-    if cfg is None:
-        return policy, {}
-    name = policy or cfg.default_policy
-    entry = cfg.policies.get(name)
+def _policy(
+    config: RouterConfig | None, policy: str | None
+) -> tuple[str | None, PolicyConfig | None]:
+    """The policy `--policy` names (default: the config's default), with its config entry."""
+    if config is None:
+        return policy, None
+    name = policy or config.default_policy
+    entry = config.policies.get(name)
     if entry is None:
         raise fail(
             f"--policy: no policy {name!r} in the config "
-            f"(policies: {', '.join(sorted(cfg.policies)) or 'none'})"
+            f"(policies: {', '.join(sorted(config.policies)) or 'none'})"
         )
-    return name, {"model_path": entry.model_path, **(entry.model_extra or {})}
+    return name, entry
 
 
-def _model_path(cfg: RouterConfig | None, params: dict[str, Any]) -> Path:
-    path = params.get("model_path") or (cfg.classifier.model_path if cfg else None)
-    return Path(path) if path else DEFAULT_MODEL
+def _classifier_model(config: RouterConfig | None) -> str | None:
+    return config.classifier.model_path if config is not None else None
 
 
 def _tiers(
-    cfg: RouterConfig | None, params: dict[str, Any], threshold: float | None, policy: str | None
+    config: RouterConfig | None,
+    params: dict[str, Any],
+    threshold: float | None,
+    policy: str | None,
 ) -> Any:
     from simulations.drift_sources import Tiers
 
-    if cfg is None:
+    if config is None:
         return Tiers("small", "large", threshold, None, policy)
-    prices = {t.name: t.price for t in cfg.tiers}
+    prices = config.policy_env().prices
     order = tiers_by_price(prices)
     small, large = params.get("small") or order[0], params.get("large") or order[-1]
     return Tiers(small, large, threshold, (prices[small], prices[large]), policy)
 
 
 @drift_app.command("report")
-def report(
+def report_cmd(
     traces: str = TRACES,
     reference: Path | None = typer.Option(
         None,
@@ -130,26 +136,19 @@ def report(
 
     if window not in WINDOWS:
         raise fail(f"--window must be one of {', '.join(WINDOWS)}, got {window!r}")
-    cfg = load_config_or_exit(config) if config else None
-    name, params = _policy_params(cfg, policy)
-    configured = cfg.monitoring.reference if cfg is not None else None
-    ref_path = (
-        reference
-        or (Path(configured) if configured else None)
-        or reference_path_for(_model_path(cfg, params))
+    router_config = load_config_or_exit(config) if config else None
+    name, entry = _policy(router_config, policy)
+    params = (entry.model_extra or {}) if entry is not None else {}
+    named = reference or (router_config.monitoring.reference if router_config else None)
+    try:
+        ref = reference_file(named, entry, _classifier_model(router_config)).load()
+    except ScoreReferenceError as exc:
+        raise fail(str(exc)) from None
+    used, goal = threshold_and_target(
+        ref,
+        threshold if threshold is not None else params.get("threshold"),
+        target if target is not None else configured_target(entry),
     )
-    ref: ScoreReference | None = None
-    if reference is not None or configured or ref_path.exists():
-        try:
-            ref = ScoreReference.load(ref_path)
-        except ScoreReferenceError as exc:
-            raise fail(str(exc)) from None
-    goal = target if target is not None else params.get("target_large_share")
-    used = threshold if threshold is not None else params.get("threshold")
-    if used is None and goal is not None and ref is not None:
-        used = quantile_from_counts(ref.counts, goal)
-    if goal is None and used is not None and ref is not None:
-        goal = ref.share_at_or_above(used)
     flags = {
         "psi_limit": ("--psi-limit", psi_limit),
         "quality_limit": ("--quality-limit", quality_limit),
@@ -158,7 +157,7 @@ def report(
         "requests_per_hour": ("--requests-per-hour", requests_per_hour),
     }
     try:
-        base = cfg.monitoring.drift.model_dump() if cfg is not None else {}
+        base = router_config.monitoring.drift.model_dump() if router_config is not None else {}
         limits = DriftLimits(**{**base, **{k: v for k, (_, v) in flags.items() if v is not None}})
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -166,7 +165,12 @@ def report(
         raise fail(f"{flag}: {err['msg']}") from None
     try:
         result = build_report(
-            iter_source(traces, _tiers(cfg, params, used, name)), window, ref, used, goal, limits
+            iter_source(traces, _tiers(router_config, params, used, name)),
+            window,
+            ref,
+            used,
+            goal,
+            limits,
         )
     except (DriftInputError, ValueError) as exc:
         raise fail(str(exc)) from None
@@ -216,32 +220,25 @@ def reference_cmd(
     from classifiers.dataset import DatasetError, load_dataset
     from classifiers.inference import DifficultyScorer, ModelLoadError
     from classifiers.oof import read_scores
-    from simulations.drift_sources import DriftInputError, Tiers, iter_source
+    from simulations.drift_sources import DriftInputError
 
     if sum(x is not None for x in (traces, oof, data)) != 1:
         raise fail("give exactly one of --traces, --oof and --data")
-    cfg = load_config_or_exit(config) if config else None
-    _, params = _policy_params(cfg, policy)
-    model = _model_path(cfg, params)
-    target = out or reference_path_for(model)
+    router_config = load_config_or_exit(config) if config else None
+    _, entry = _policy(router_config, policy)
+    model = policy_model(entry, _classifier_model(router_config))
+    target = out or model.scores
     try:
         if oof is not None:
             scores = np.fromiter(read_scores(oof).values(), dtype=np.float64)
-            ref = ScoreReference.from_scores(scores, source=str(oof), model=model.name)
+            ref = ScoreReference.from_scores(scores, source=str(oof), model=model.onnx.name)
         elif data is not None:
             prompts = load_dataset(data, require_outcomes=False).prompts
-            scores = DifficultyScorer.load(str(model)).score_texts(prompts)
-            ref = ScoreReference.from_scores(scores, source=str(data), model=model.name)
+            scores = DifficultyScorer.load(model.onnx).score_texts(prompts)
+            ref = ScoreReference.from_scores(scores, source=str(data), model=model.onnx.name)
         else:
             assert traces is not None
-            # Counted batch by batch: a month of traffic never sits in memory. (Threshold 0.5
-            # only lets a Parquet dataset without a tier column be read; tiers do not matter.)
-            counts = np.zeros(DEFAULT_BINS, np.int64)
-            for b in iter_source(traces, Tiers("small", "large", 0.5)):
-                counts += bin_counts(b.score[~np.isnan(b.score)])
-            if not counts.sum():
-                raise ScoreReferenceError(f"no scores in {traces} to build a reference from")
-            ref = ScoreReference(counts=counts, source=traces, model=model.name)
+            ref = reference_from_traces(traces, model=model.onnx.name)
     except (DatasetError, DriftInputError, ModelLoadError, ScoreReferenceError, ValueError) as exc:
         raise fail(str(exc)) from None
     ref.save(target)

@@ -119,11 +119,13 @@ def _trial_tier(tier: TierConfig, index: int, lever: str | None) -> TrialTier:
     )
 
 
-def _judges(cfg: RouterConfig, mode: str, judge_tier: str | None) -> tuple[JudgesConfig, list[str]]:
+def _judges(
+    config: RouterConfig, mode: str, judge_tier: str | None
+) -> tuple[JudgesConfig, list[str]]:
     """The judges config of this trial and the tiers its llm judge needs."""
     if mode not in JUDGE_MODES:
         raise fail(f"--judge {mode}: expected one of {', '.join(JUDGE_MODES)}")
-    configured = cfg.evaluation.judges.llm
+    configured = config.evaluation.judges.llm
     llm: LlmJudgeConfig | None = None
     if mode != "reference":
         if judge_tier is not None:
@@ -133,7 +135,7 @@ def _judges(cfg: RouterConfig, mode: str, judge_tier: str | None) -> tuple[Judge
             llm = configured
         if llm is None and mode == "llm":
             raise fail("--judge llm: give --judge-tier or set evaluation.judges.llm.tier")
-        if llm is not None and llm.tier not in {t.name for t in cfg.tiers}:
+        if llm is not None and llm.tier not in {t.name for t in config.tiers}:
             raise fail(f"--judge-tier: unknown tier {llm.tier!r}")
     # GSM8K gold answers are answer texts the data marks correct: their last number is the gold
     # one, so the reference judge matches numerically (simulations/levers/prompts.py).
@@ -222,7 +224,7 @@ async def _execute(
     spec: TrialSpec,
     prompts: list[TrialPrompt],
     store: TrialStore,
-    judges_cfg: JudgesConfig,
+    judges_settings: JudgesConfig,
     judge_tiers: list[str],
     tiers: Mapping[str, TierConfig],
 ) -> None:
@@ -235,7 +237,7 @@ async def _execute(
             await measure_all(spec, prompts, store, done)
     backends: dict[str, Backend] = build_backends([tiers[t] for t in judge_tiers])
     try:
-        judges = build_judges(judges_cfg, tiers, backends)
+        judges = build_judges(judges_settings, tiers, backends)
         pairs = pending_pairs(spec, prompts, store)
         if pairs:
             with counter(pairs, "judging") as done:
@@ -244,8 +246,8 @@ async def _execute(
         await close_backends(backends)
 
 
-def run_trial_command(
-    cfg_path: Path,
+def run_trial(
+    config_path: Path,
     plan: TrialPlan,
     traces: list[Path] | None,
     n: int | None,
@@ -268,10 +270,10 @@ def run_trial_command(
     from simulations.levers.summary import HEADERS, Combination, summarize, table_rows
     from simulations.levers.trial import TrialSpec
 
-    cfg = load_config_or_exit(cfg_path)
-    index = {t.name: (i, t) for i, t in enumerate(cfg.tiers)}
+    router_config = load_config_or_exit(config_path)
+    index = {t.name: (i, t) for i, t in enumerate(router_config.tiers)}
     try:
-        check_tiers(plan, set(index), str(cfg_path))
+        check_tiers(plan, set(index), str(config_path))
     except PlanError as exc:
         raise fail(str(exc)) from None
     candidates = plan.all_candidates()
@@ -285,15 +287,15 @@ def run_trial_command(
     sources = traces or [Path(p) for p in plan.traces]
     if not sources:
         raise fail("--traces: no prompts given (and the plan names no `traces:`)")
-    judges_cfg, judge_tiers = _judges(cfg, judge, judge_tier)
+    judges_settings, judge_tiers = _judges(router_config, judge, judge_tier)
     try:
         prompts = load_prompts(sources, n or plan.n or DEFAULT_N, seed)
         store = TrialStore(out, {**spec.settings(), "reference": reference.name, "seed": seed})
     except (DatasetError, TrialStoreError) as exc:
         raise fail(str(exc)) from None
-    tiers = {t.name: t for t in cfg.tiers}
+    tiers = {t.name: t for t in router_config.tiers}
     try:
-        asyncio.run(_execute(spec, prompts, store, judges_cfg, judge_tiers, tiers))
+        asyncio.run(_execute(spec, prompts, store, judges_settings, judge_tiers, tiers))
     except TierDownError as exc:
         kept = len(store.measurements)
         typer.echo(
@@ -309,7 +311,7 @@ def run_trial_command(
         from policies.target_share import threshold_for_share
         from simulations.replay import score_texts
 
-        scores = score_texts([p.text for p in prompts], cfg.classifier.model_path)
+        scores = score_texts([p.text for p in prompts], router_config.classifier.model_path)
         default = (
             plan.threshold
             if plan.large_share is None
@@ -381,7 +383,7 @@ def trial_cmd(
     max_p95_latency_s: float = MAX_P95,
 ) -> None:
     """Replay prompts on a reference tier and candidates; latency, cost and judged quality."""
-    run_trial_command(
+    run_trial(
         config,
         _resolve_plan(plan, reference, candidate),
         traces,
@@ -415,7 +417,7 @@ def plan_cmd(
     max_p95_latency_s: float = MAX_P95,
 ) -> None:
     """Reference, each candidate alone, then the combinations, in one table."""
-    run_trial_command(
+    run_trial(
         config,
         _resolve_plan(plan_file, None, []),
         traces,

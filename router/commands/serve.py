@@ -14,21 +14,21 @@ config_app = typer.Typer(no_args_is_help=True)
 
 
 @config_app.command("check")
-def config_check(path: Path) -> None:
+def config_check_cmd(path: Path) -> None:
     """Validate a config file; on error, name the offending key and exit 2."""
-    cfg = load_config_or_exit(path)
-    if missing := missing_packages(cfg.telemetry):
+    config = load_config_or_exit(path)
+    if missing := missing_packages(config.telemetry):
         extra = "'cost-router[otel]'" + (
-            " opentelemetry-exporter-otlp-proto-grpc" if cfg.telemetry.protocol == "grpc" else ""
+            " opentelemetry-exporter-otlp-proto-grpc" if config.telemetry.protocol == "grpc" else ""
         )
         raise fail(
             f"{path}: telemetry.enabled: tracing needs {missing}, which is not "
             f"installed: pip install {extra}"
         )
-    typer.echo(f"{path}: OK ({len(cfg.tiers)} tiers, {len(cfg.policies)} policies)")
+    typer.echo(f"{path}: OK ({len(config.tiers)} tiers, {len(config.policies)} policies)")
 
 
-def serve(
+def serve_cmd(
     config: Path | None = typer.Option(
         None, "--config", "-c", help="YAML config; without it, run the embedded local demo"
     ),
@@ -45,17 +45,18 @@ def serve(
 
     if config is None:
         raise typer.Exit(run_demo(host=host, port=port))
-    cfg = load_config_or_exit(config)
+    router_config = load_config_or_exit(config)
     # Checked before the app loads anything, so a port in use is one line, not a traceback.
-    listen_host, listen_port = host or cfg.server.host, cfg.server.port if port is None else port
+    listen_host = host or router_config.server.host
+    listen_port = router_config.server.port if port is None else port
     if problem := listen_problem(listen_host, listen_port):
         raise fail(
             f"{problem}: stop what listens there or choose another port with --port N, "
             f"server.port in {config} or COST_ROUTER__SERVER__PORT"
         )
-    run_server(cfg, host=host, port=port, config_path=config)
+    run_server(router_config, host=host, port=port, config_path=config)
 
 
 def register_serve(app: typer.Typer) -> None:
     app.add_typer(config_app, name="config", help="Validate configuration.")
-    app.command("serve")(serve)
+    app.command("serve")(serve_cmd)

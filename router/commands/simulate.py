@@ -20,11 +20,10 @@ import typer
 
 from backends.config import SignalsConfig
 from classifiers.dataset import DatasetError, routellm_data_dir
-from policies.registry import SPECS, tiers_by_price
+from policies.registry import tiers_by_price
 from router.commands.common import load_config_or_exit
-from router.commands.config_edit import edit_config
-from router.config import RouterConfig, apply_env_overrides
-from simulations.sim_config import DEFAULT_POLICY, SimConfig, defaults_document
+from router.config import RouterConfig, apply_env_overrides, edit_config
+from simulations.sim_config import SimConfig, defaults_document, set_threshold
 from trace_format.config_base import ConfigError
 
 if TYPE_CHECKING:  # heavy modules (tiktoken, the replay) load inside the commands (see above)
@@ -77,10 +76,15 @@ def _clean_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def sim_config_from(cfg: RouterConfig) -> SimConfig:
+def sim_config_from(config: RouterConfig) -> SimConfig:
     """The sections of a router config that the simulator replays."""
     return SimConfig.from_sections(
-        cfg.tiers, cfg.policies, cfg.default_policy, cfg.classifier, cfg.teams, cfg.budgets
+        config.tiers,
+        config.policies,
+        config.default_policy,
+        config.classifier,
+        config.teams,
+        config.budgets,
     )
 
 
@@ -99,8 +103,8 @@ def _configs(path: Path | None) -> tuple[SimConfig, RouterConfig | None]:
     """The simulator's config from the router YAML at `path` (exit 2 if bad), else its defaults."""
     if path is None:
         return default_config(), None
-    cfg = load_config_or_exit(path)
-    return sim_config_from(cfg), cfg
+    router_config = load_config_or_exit(path)
+    return sim_config_from(router_config), router_config
 
 
 def _load(
@@ -115,11 +119,11 @@ def _load(
     """The config and the labelled requests of the traces (a proxy trace folder's labels and
     feedback merged in; unlabelled requests left out, said on stderr), with the scores of
     `scores` when given. Warns when the model would score prompts it was trained on."""
-    from classifiers.config import DEFAULT_MODEL
+    from classifiers.model_files import model_file
     from classifiers.provenance import in_sample_note
     from simulations.trace_loader import load_labelled_trace, with_scores
 
-    sim, cfg = _configs(config)
+    sim, router_config = _configs(config)
     trace, notes = load_labelled_trace(
         list(traces),
         small_column=small,
@@ -130,59 +134,48 @@ def _load(
     for note in notes:
         typer.echo(note, err=True)
     if scores is not None:
-        return sim, cfg, with_scores(trace, scores)
+        return sim, router_config, with_scores(trace, scores)
     if not recorded:
-        note = in_sample_note(sim.model_path or DEFAULT_MODEL, trace.texts, "the results")
+        note = in_sample_note(model_file(sim.model_path), trace.texts, "the results")
         if note:
             typer.echo(note, err=True)
-    return sim, cfg, trace
+    return sim, router_config, trace
 
 
 def write_threshold(
     path: str | Path, policy: str | None, threshold: float, target: tuple[str, float] | None = None
 ) -> str:
-    """Set `policies.<policy>.threshold` in the YAML file, and `tuned_for` (the target it meets,
-    which `classifier promote` re-tunes to); returns the policy name written.
+    """Set `policies.<policy>.threshold` in the YAML file, and `tuned_for`
+    (simulations.sim_config.set_threshold); returns the policy name written.
 
     The edited document is validated as a whole before the file is replaced atomically
-    (router/commands/config_edit.py). YAML comments are not preserved (PyYAML does not keep them).
+    (router.config.edit_config). YAML comments are not preserved (PyYAML does not keep them).
     """
     p = Path(path)
     written: list[str] = []
 
     def edit(data: dict[str, Any]) -> None:
-        name = policy or data.get("default_policy") or DEFAULT_POLICY
-        policies = data.setdefault("policies", {}) or {}
-        data["policies"] = policies
-        entry = policies.setdefault(name, {"type": "threshold"})
-        spec = SPECS.get(str(entry.get("type")))
-        if spec is None or "threshold" not in spec.params.model_fields:
-            raise ConfigError(f"{p}: policies.{name} has type {entry.get('type')!r}: no threshold")
-        entry.pop("target_large_share", None)  # a fixed threshold replaces a target share
-        entry["threshold"] = round(float(threshold), 6)
-        if target is not None:
-            entry["tuned_for"] = {"kind": target[0], "value": float(target[1])}
-        written.append(name)
+        written.append(set_threshold(data, policy, threshold, target, str(p)))
 
     edit_config(p, edit)  # RouterConfig validation parses every policy's params
     return written[0]
 
 
 def _measured(
-    levers: Levers, sim: SimConfig, cfg: RouterConfig | None, source: str
+    levers: Levers, sim: SimConfig, config: RouterConfig | None, source: str
 ) -> tuple[Levers, list[str]]:
     """Levers with the measured values of `--signals SOURCE`."""
     from simulations.signal_levers import apply_measurements, measured_levers, read_signals
 
-    if cfg is not None:
-        return measured_levers(levers, cfg.tiers, source, cfg.signals)
+    if config is not None:
+        return measured_levers(levers, config.tiers, source, config.signals)
     # The simulator's default tiers: a snapshot names them; nothing to poll live.
     order = tiers_by_price(sim.prices)
     signals = read_signals(source, [], SignalsConfig())
     return apply_measurements(levers, signals, order[0], order[-1])
 
 
-def tune_command(
+def tune_cmd(
     traces: list[Path] = TRACES,
     target_quality: float = typer.Option(None, "--target-quality", help="e.g. 0.95 of all-large"),
     target_cost: float = typer.Option(None, "--target-cost", help="max USD per 1,000 requests"),
@@ -237,7 +230,7 @@ def tune_command(
         typer.echo(text)
 
 
-def simulate_command(
+def simulate_cmd(
     traces: list[Path] = TRACES,
     config: Path = CONFIG,
     policy: str = POLICY,
@@ -285,7 +278,7 @@ def simulate_command(
         )
 
 
-def what_if_command(
+def what_if_cmd(
     traces: list[Path] = TRACES,
     config: Path = CONFIG,
     policy: str = POLICY,
@@ -347,12 +340,12 @@ def what_if_command(
             quant_quality=quant_quality,
             quant_cost=quant_cost,
         )
-        sim, cfg, trace = _load(
+        sim, router_config, trace = _load(
             traces, completion_tokens, small_column, large_column, config, None, recorded_scores
         )
         levers = replace(levers, spec_k=spec_k or sim.draft_length or DEFAULT_DRAFT_LENGTH)
         if signals is not None:
-            levers, notes = _measured(levers, sim, cfg, signals)
+            levers, notes = _measured(levers, sim, router_config, signals)
             typer.echo("\n".join(notes))
         if levers_file is not None:
             from simulations.levers.levers_file import apply_levers
@@ -371,7 +364,7 @@ def what_if_command(
         typer.echo(text)
 
 
-def synth_command(
+def synth_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Parquet file to write"),
     rows: int = typer.Option(1_000_000, "--rows", "-n", min=1),
     source: list[Path] = typer.Option(
@@ -414,10 +407,10 @@ def synth_command(
 def register_simulation_commands(app: typer.Typer) -> None:
     """Adds the simulator's top-level commands to the root app."""
     commands: dict[str, Callable[..., None]] = {
-        "tune": tune_command,
-        "simulate": simulate_command,
-        "what-if": what_if_command,
-        "synth": synth_command,
+        "tune": tune_cmd,
+        "simulate": simulate_cmd,
+        "what-if": what_if_cmd,
+        "synth": synth_cmd,
     }
     for name, fn in commands.items():
         app.command(name)(fn)

@@ -32,7 +32,7 @@ from policies.budgets.money import nanos_to_usd
 from policies.budgets.store import BudgetUnavailable
 from policies.config import BudgetLimit
 from policies.keys import AuthError, KeyStoreUnavailable
-from router.http.body_limits import json_content_type
+from router.http.body_limits import require_json
 from router.http.errors import RouterError, json_response, validation_message
 from router.http.openapi import errors, json_body, ok
 from router.proxy.request_path import parse_body, read_body
@@ -197,10 +197,7 @@ async def _body(request: Request, model: type[BaseModel], empty_ok: bool = False
     raw = await read_body(request, ADMIN_MAX_BYTES)
     if not raw and empty_ok:
         return model()
-    if not json_content_type(request.scope):
-        raise RouterError(
-            415, "unsupported_media_type", "Content-Type must be application/json", "content-type"
-        )
+    require_json(request.scope)
     data = parse_body(raw)
     if not isinstance(data, dict):
         raise RouterError(400, "invalid_request", "request body must be a JSON object")

@@ -10,7 +10,6 @@ inside the request path's error handling and finish().
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,14 +19,14 @@ from starlette.responses import Response
 from backends.base import Usage
 from backends.tokens import count_tokens
 from backends.usage import read_usage, usage_json
-from router.http.body_limits import json_content_type
+from router.http.body_limits import require_json
 from router.http.errors import RouterError, json_response, validation_message
 from router.proxy.disconnect import until_disconnect
 from router.proxy.request_path import (
     Call,
     ClientGone,
     call_tiers,
-    finish,
+    finish_once,
     identify,
     parse_body,
     read_body,
@@ -112,33 +111,25 @@ async def embed(state: RouterState, request: Request, call: Call) -> Response:
             "this proxy serves no embeddings: set "
             "embeddings.tier in its config to the tier of an embedding model",
         )
-    if not json_content_type(request.scope):
-        raise RouterError(
-            415, "unsupported_media_type", "Content-Type must be application/json", "content-type"
-        )
-    body = _checked(parse_body(await read_body(request, state.config.server.max_body_bytes)))
+    require_json(request.scope)
+    body = _checked(parse_body(await read_body(request, state.limits.max_body_bytes)))
     tier = state.tiers[name]
     call.requested_model, call.tier, call.reason = body["model"], tier.name, "embeddings.tier"
     call.body = body
     # --- budget: reserve (settled or released in finish(), whatever happens next) ------------
-    if call.marks is not None:
-        call.marks["budget"] = time.perf_counter()
+    call.marks.start("budget")
     admitted = await state.budgets.reserve(call.id, call.identity, body, [tier], endpoint=ENDPOINT)
-    call.reserved, call.reserved_nanos = True, admitted.reserved_nanos
-    if call.marks is not None:
-        call.marks["budget_end"] = time.perf_counter()
+    call.hold(admitted.reserved_nanos)
+    call.marks.end("budget")
     # -----------------------------------------------------------------------------------------
     _, answer = await until_disconnect(request, call_tiers(state, call, body, [tier]), ClientGone)
     bound = state.budgets.usage_bound(body, ENDPOINT, tier, call.reserved_nanos)
-    call.usage = checked_usage(reported(body, answer.body), bound, lambda: counted(body))
-    cost = priced(call.usage, tier.price, bound)
-    call.cost_usd, call.actual_cost_usd = cost.cost_usd, cost.actual_usd
+    usage = checked_usage(reported(body, answer.body), bound, lambda: counted(body))
     out = answer.body
-    if not call.usage.reported:  # the client sees what it is charged for, marked as our count
-        out = {**out, "usage": usage_json(call.usage)}
+    if not usage.reported:  # the client sees what it is charged for, marked as our count
+        out = {**out, "usage": usage_json(usage)}
     model = answer.body.get("model")
-    call.model = model if isinstance(model, str) else tier.model
-    if not call.finishing:
-        call.finishing = True
-        state.spawn(finish(state, call))
+    model = model if isinstance(model, str) else tier.model
+    call.charge(usage, priced(usage, tier.price, bound), model, None)  # vectors: none to compare
+    finish_once(state, call)
     return json_response(200, out, call.headers())

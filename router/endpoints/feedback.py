@@ -47,7 +47,7 @@ async def _feedback(request: Request) -> Response:
     limit = FEEDBACK_MAX_BYTES
     if state is not None:
         caller = await identify(state, request)  # 401 for a missing/unknown/revoked key
-        limit = min(limit, state.config.server.max_body_bytes)
+        limit = min(limit, state.limits.max_body_bytes)
     service = _service(request)
     if service is None:
         raise RouterError(503, "feedback_disabled", "feedback needs traces; traces.path is not set")

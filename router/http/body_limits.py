@@ -1,15 +1,17 @@
 """What the ASGI front checks of a request before any route reads it, and the mark the server's
 protocol leaves on a request it cut for arriving too slowly (router/http/protocol.py).
 
-``json_content_type`` is the CSRF guard: a browser sends a cross-site POST without a CORS
-preflight only with a "simple" content type (text/plain, form encodings) or none at all, so
-accepting only ``application/json`` keeps a web page from spending a budget through a proxy that
-runs without auth.
+``json_content_type`` (``require_json`` in a route) is the CSRF guard: a browser sends a
+cross-site POST without a CORS preflight only with a "simple" content type (text/plain, form
+encodings) or none at all, so accepting only ``application/json`` keeps a web page from spending
+a budget through a proxy that runs without auth.
 """
 
 from __future__ import annotations
 
 from starlette.types import Scope
+
+from router.http.errors import RouterError
 
 JSON_MEDIA_TYPE = b"application/json"
 
@@ -28,6 +30,19 @@ def json_content_type(scope: Scope) -> bool:
         if name == b"content-type":
             return value.split(b";", 1)[0].strip().lower() == JSON_MEDIA_TYPE
     return False
+
+
+def require_json(scope: Scope) -> None:
+    """Raises the 415 unless the request declares a JSON body."""
+    if not json_content_type(scope):
+        raise not_json()
+
+
+def not_json() -> RouterError:
+    """The 415 of a request whose body is not declared JSON."""
+    return RouterError(
+        415, "unsupported_media_type", "Content-Type must be application/json", "content-type"
+    )
 
 
 def body_timed_out(scope: Scope) -> bool:

@@ -1,10 +1,11 @@
 """The proxy's published OpenAPI schema: the real request bodies and the OpenAI-style errors.
 
-Routes read their bodies themselves (router/server/app.py says why), so FastAPI cannot infer the
-bodies: each route names its pydantic body model with `json_body(Model)`, and `install_openapi` puts
-those models (and what they reference) into `components.schemas`. Error responses are described
-once, as the `{"error": {...}}` body router/http/errors.py writes. The API fuzz test
-(tests/router/http/test_api_fuzz.py) runs schemathesis against this schema over real HTTP.
+Routes read their bodies themselves (router/endpoints/openai.py says why), so FastAPI cannot
+infer the bodies: each route names its pydantic body model with `json_body(Model)`, and
+`install_openapi` puts those models (and what they reference) into `components.schemas`. Error
+responses are described once, as the `{"error": {...}}` body router/http/errors.py writes. The
+API fuzz test (tests/router/http/test_api_fuzz.py) runs schemathesis against this schema over
+real HTTP.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from router.learning.shadow_log import ShadowLog
 from trace_format.labels import LABELS_FILE, labels_path_for
 from trace_format.request_text import request_text, stream_texts
 from trace_format.shadow import SHADOW_SCHEMA_VERSION, shadow_path_for
+from trace_format.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -113,33 +114,45 @@ class ShadowJob:
     shadow_tier: str
 
 
+@dataclass(frozen=True)
+class ShadowDeps:
+    """What the shadow service works with besides its reloadable settings, built once at
+    startup (none of it changes on a reload): the tiers and their backends, the budget store
+    (for the cap), the budget settings that bound a reservation, the metrics registry, and the
+    trace file its own files sit beside."""
+
+    trace_path: str | None
+    tiers: Mapping[str, TierConfig]
+    backends: Mapping[str, Backend]
+    store: BudgetStore
+    registry: CollectorRegistry
+    budgets: BudgetsConfig
+
+
 class ShadowService:
-    """Takes the sections it needs: `evaluation`, the tiers and their backends, the budget
-    store (for the cap), the budget settings that bound a reservation, and where files go."""
+    """Configured by the `evaluation:` section (`settings`) and the classifier's
+    `context_turns`, both reloadable (`reconfigure`), over `deps`."""
 
     def __init__(
-        self,
-        settings: EvaluationConfig,
-        tiers: Mapping[str, TierConfig],
-        backends: Mapping[str, Backend],
-        store: BudgetStore,
-        judges: list[Judge],
-        log_file: ShadowLog,
-        metrics: EvaluationMetrics,
-        *,
-        default_max_tokens: int,
-        prompt_estimate: str = "bytes",
-        context_turns: int | None = None,
+        self, settings: EvaluationConfig, deps: ShadowDeps, context_turns: int | None
     ) -> None:
         self.settings = settings
-        self.tiers = tiers
-        self.backends = backends
-        self.store = store
-        self.judges = judges
-        self.log = log_file
-        self.metrics = metrics
-        self.default_max_tokens = default_max_tokens
-        self.prompt_estimate = prompt_estimate
+        self.tiers = deps.tiers
+        self.backends = deps.backends
+        self.store = deps.store
+        self.judges: list[Judge] = build_judges(settings.judges, deps.tiers, deps.backends)
+        shadow_file = (
+            Path(settings.path) if settings.path else shadow_path_for(deps.trace_path or ".")
+        )
+        labels = (
+            labels_path_for(deps.trace_path)
+            if deps.trace_path
+            else shadow_file.parent / LABELS_FILE
+        )
+        self.log = ShadowLog(shadow_file, labels)
+        self.metrics = EvaluationMetrics(deps.registry)
+        self.default_max_tokens = deps.budgets.default_max_tokens
+        self.prompt_estimate = deps.budgets.prompt_estimate
         self.context_turns = context_turns
         self.scope = BudgetScope(
             SHADOW_SCOPE, None, BudgetLimit(limit_usd=settings.daily_cap_usd, period="daily")
@@ -253,9 +266,7 @@ class ShadowService:
     async def stop(self) -> None:
         """Stop the workers (a call in flight is abandoned and its reservation released); jobs
         still queued are dropped and counted."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(*self._tasks)
         self._tasks = []
         while not self._queue.empty():
             self._queue.get_nowait()
@@ -421,43 +432,16 @@ class ShadowService:
 
 
 def build_shadow(
-    settings: EvaluationConfig,
-    trace_path: str | None,
-    tiers: Mapping[str, TierConfig],
-    backends: Mapping[str, Backend],
-    store: BudgetStore,
-    registry: CollectorRegistry,
-    budgets: BudgetsConfig,
-    context_turns: int | None,
+    settings: EvaluationConfig, deps: ShadowDeps, context_turns: int | None
 ) -> ShadowService | None:
     """The configured service, or None when shadow comparisons are off."""
-    if not settings.enabled:
-        return None
-    shadow_file = Path(settings.path) if settings.path else shadow_path_for(trace_path or ".")
-    labels = labels_path_for(trace_path) if trace_path else shadow_file.parent / LABELS_FILE
-    return ShadowService(
-        settings,
-        tiers,
-        backends,
-        store,
-        build_judges(settings.judges, tiers, backends),
-        ShadowLog(shadow_file, labels),
-        EvaluationMetrics(registry),
-        default_max_tokens=budgets.default_max_tokens,
-        prompt_estimate=budgets.prompt_estimate,
-        context_turns=context_turns,
-    )
+    return ShadowService(settings, deps, context_turns) if settings.enabled else None
 
 
 def reload_shadow(
     current: ShadowService | None,
     settings: EvaluationConfig,
-    trace_path: str | None,
-    tiers: Mapping[str, TierConfig],
-    backends: Mapping[str, Backend],
-    store: BudgetStore,
-    registry: CollectorRegistry,
-    budgets: BudgetsConfig,
+    deps: ShadowDeps,
     context_turns: int | None,
 ) -> ShadowService | None:
     """The service after a config reload (called on the event loop): the running one
@@ -466,9 +450,7 @@ def reload_shadow(
     if current is not None:
         current.reconfigure(settings, context_turns)
         return current
-    service = build_shadow(
-        settings, trace_path, tiers, backends, store, registry, budgets, context_turns
-    )
+    service = build_shadow(settings, deps, context_turns)
     if service is not None:
         service.start()
     return service

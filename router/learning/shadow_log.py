@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from trace_format.jsonl import jsonl_lines
 from trace_format.labels import LabelRecord
 
 
@@ -44,17 +45,15 @@ class ShadowLog:
                 return 0
             kept: list[bytes] = []
             dropped = 0
-            with self.path.open("rb") as fh:
-                for line in fh:
-                    try:
-                        t = orjson.loads(line).get("time")
-                    except (orjson.JSONDecodeError, AttributeError):
-                        dropped += 1  # a torn line from a crash: nothing to keep
-                        continue
-                    if isinstance(t, int | float) and t < cutoff:
-                        dropped += 1
-                    else:
-                        kept.append(line)
+            for line in jsonl_lines(self.path):
+                if line.value is None:
+                    dropped += 1  # a torn line from a crash: nothing to keep
+                    continue
+                t = line.value.get("time")
+                if isinstance(t, int | float) and t < cutoff:
+                    dropped += 1
+                else:
+                    kept.append(line.raw)
             if dropped:
                 tmp = self.path.with_name(self.path.name + ".tmp")
                 tmp.write_bytes(b"".join(kept))

@@ -33,24 +33,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
-from classifiers.config import DEFAULT_MODEL
 from classifiers.score_reference import (
     PSI_BINS,
     ScoreReference,
     ScoreReferenceError,
     bin_counts,
     rebin,
-    reference_path_for,
 )
 from policies.base import Policy, Tunable
 from policies.calibration import CalibratingPolicy, CalibrationStore
 from policies.config import PolicyConfig
 from router.observability.config import MonitoringConfig
 from router.observability.metrics import RouterMetrics
+from simulations.drift_basis import configured_target, reference_file
 from simulations.drift_stats import RetainedAccumulator, RetainedEstimate, ks_binned, psi
 from trace_format.config_base import ConfigError
+from trace_format.jsonl import Tail, parse_object
 from trace_format.labels import LabelRecord, labels_path_for
 from trace_format.shadow import shadow_path_for
 
@@ -100,38 +99,7 @@ def target_of(policy: Policy, config: PolicyConfig | None) -> float | None:
     """The policy's target large share: the calibrator's, else the configured one."""
     if isinstance(policy, CalibratingPolicy):
         return policy.target
-    value = (config.model_extra or {}).get("target_large_share") if config else None
-    return float(value) if isinstance(value, int | float) else None
-
-
-class Tail:
-    """New complete lines of a file that is appended to, and rewritten by pruning (a new inode
-    or a shorter file: read again from the start; readers dedupe by request id)."""
-
-    MAX_READ = 16 * 1024 * 1024  # per poll: a huge backlog is caught up over several scrapes
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.inode: int | None = None
-
-    def lines(self) -> list[bytes]:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return []
-        if st.st_ino != self.inode or st.st_size < self.offset:
-            self.inode, self.offset = st.st_ino, 0
-        if st.st_size == self.offset:
-            return []
-        with self.path.open("rb") as fh:
-            fh.seek(self.offset)
-            data = fh.read(self.MAX_READ)
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []  # a half-written line: next time
-        self.offset += end + 1
-        return data[:end].split(b"\n")
+    return configured_target(config)
 
 
 @dataclass
@@ -149,9 +117,14 @@ class Shadowed:
 class LabelledPairs:
     """Each policy's most recent shadowed requests (bounded), with their labels' outcomes."""
 
+    # Bytes read per file per poll: a huge backlog is caught up over several scrapes.
+    MAX_READ = 16 * 1024 * 1024
+
     def __init__(self, trace_path: str, limit: int) -> None:
-        self.shadow = Tail(shadow_path_for(trace_path))
-        self.labels = Tail(labels_path_for(trace_path))
+        # Both files are appended to and rewritten by pruning: a rewritten file is read again
+        # from its start, and the records dedupe by request id.
+        self.shadow = Tail([shadow_path_for(trace_path)], self.MAX_READ)
+        self.labels = Tail([labels_path_for(trace_path)], self.MAX_READ)
         self.limit = limit
         self.by_id: OrderedDict[str, Shadowed] = OrderedDict()
         self.early: OrderedDict[str, dict[str, float]] = OrderedDict()  # labels before records
@@ -159,7 +132,7 @@ class LabelledPairs:
     def poll(self) -> None:
         """Read what the shadow and label files gained (blocking I/O: run off the loop)."""
         for line in self.shadow.lines():
-            record = _json(line)
+            record = parse_object(line) or {}
             primary, shadow = record.get("primary"), record.get("shadow")
             rid, policy, t = record.get("request_id"), record.get("policy"), record.get("time")
             if not (
@@ -179,9 +152,8 @@ class LabelledPairs:
                     self.early.pop(rid, {}),
                 )
         for line in self.labels.lines():
-            raw = _json(line)
             try:
-                label = LabelRecord.model_validate(raw)
+                label = LabelRecord.model_validate(parse_object(line))
             except ValueError:
                 continue
             known = self.by_id.get(label.request_id)
@@ -212,14 +184,6 @@ class LabelledPairs:
         return acc.estimate(), len(routed)
 
 
-def _json(line: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return {}  # a torn line (a crash mid-write): nothing to read
-    return value if isinstance(value, dict) else {}
-
-
 class DriftMonitor:
     # Shadow and label files are read at most this often (a scrape every few seconds must not
     # re-read them each time).
@@ -240,11 +204,12 @@ class DriftMonitor:
         self.windows: dict[str, Window] = {}
         self.quality = LabelledPairs(trace_path, settings.window_requests) if trace_path else None
         self._polled = -float("inf")
-        self._references: dict[str | None, ScoreReference | None] = {}
+        self._references: dict[Path, ScoreReference | None] = {}
         if settings.reference:
             # A reference the operator named must load: an error at startup, naming the key.
+            named = reference_file(settings.reference, None, model_path)
             try:
-                self._references[settings.reference] = ScoreReference.load(settings.reference)
+                self._references[named.path] = named.load()
             except ScoreReferenceError as exc:
                 raise ConfigError(f"monitoring.reference: {exc}") from None
 
@@ -302,7 +267,7 @@ class DriftMonitor:
                 continue
             m.large_share.labels(name).set(float(large.mean()))
             config = configs.get(name)
-            reference = self.reference(config.model_path if config else None)
+            reference = self.reference(config)
             if reference is None:
                 continue
             counts = bin_counts(scores, reference.bins)
@@ -320,17 +285,16 @@ class DriftMonitor:
             m.quality_retained_low.labels(name).set(est.low)
             m.quality_retained_high.labels(name).set(est.high)
 
-    def reference(self, policy_model: str | None) -> ScoreReference | None:
-        """The reference distribution for a policy's model (`monitoring.reference`, else the
-        model's `<model>.scores.json`); None when there is none. Read once per model."""
-        key = self.settings.reference or policy_model or self.model_path
-        if key not in self._references:
-            path = reference_path_for(key or DEFAULT_MODEL)
+    def reference(self, policy: PolicyConfig | None) -> ScoreReference | None:
+        """The reference distribution a policy is measured against (simulations/drift_basis.py:
+        `monitoring.reference`, else its model's `<model>.scores.json`); None when there is none.
+        Read once per file."""
+        source = reference_file(self.settings.reference, policy, self.model_path)
+        if source.path not in self._references:
             ref: ScoreReference | None = None
-            if path.exists():
-                try:
-                    ref = ScoreReference.load(path)
-                except ScoreReferenceError as exc:
-                    log.warning("monitoring: no drift gauges for %s: %s", key, exc)
-            self._references[key] = ref
-        return self._references[key]
+            try:
+                ref = source.load()
+            except ScoreReferenceError as exc:
+                log.warning("monitoring: no drift gauges for %s: %s", source.path, exc)
+            self._references[source.path] = ref
+        return self._references[source.path]

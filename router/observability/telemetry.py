@@ -13,14 +13,14 @@ timestamps the request path noted on its `Call` (only while tracing is on): the 
 creates no span objects and holds no context. A caller's W3C `traceparent` makes the request a
 child of the caller's trace.
 
-Only router/server/app.py imports this module, and only when `telemetry.enabled` is set.
+Only router/proxy/build.py imports this module, and only when `telemetry.enabled` is set.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,7 +33,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from backends.config import TierConfig
-from router.observability.telemetry_config import TelemetryConfig
+from router.observability.telemetry_config import Marks, TelemetryConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Telemetry:
             log.exception("could not record the spans of request %s", call.id)
 
     def _record(self, call: Any, tier: TierConfig | None) -> None:
-        marks: Mapping[str, float] = call.marks or {}
+        marks: Marks = call.marks
 
         def wall_ns(perf: float) -> int:
             return int((call.time + (perf - call.started)) * 1e9)
@@ -127,7 +127,8 @@ class Telemetry:
         if tier is not None:
             upstream = _upstream_attributes(call, op, tier)
             # The upstream's fault: a 5xx, or a call that never ended (cut by a failure).
-            failed = call.error if call.status >= 500 or "upstream_end" not in marks else None
+            ended = marks.span("upstream")[1] is not None
+            failed = call.error if call.status >= 500 or not ended else None
             self._child(
                 ctx,
                 f"{op} {tier.model}",
@@ -155,14 +156,14 @@ class Telemetry:
         self,
         ctx: Context,
         name: str,
-        marks: Mapping[str, float],
+        marks: Marks,
         step: str,
         wall_ns: Callable[[float], int],
         attributes: dict[str, Any],
         kind: SpanKind = SpanKind.INTERNAL,
         error: str | None = None,
     ) -> None:
-        start, end = marks.get(step), marks.get(f"{step}_end")
+        start, end = marks.span(step)
         if start is None:
             return  # the request never got to this step
         span = self.tracer.start_span(

@@ -5,6 +5,7 @@ config, and the proxy with tracing off, never imports OpenTelemetry (the optiona
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
@@ -63,6 +64,50 @@ def missing_packages(config: TelemetryConfig) -> str | None:
         if not found:
             return module
     return None
+
+
+class Marks:
+    """Where a request's steps (route, budget, upstream, settle) started and ended, for the
+    spans router/observability/telemetry.py builds after the response. This base notes nothing:
+    every request that is not traced shares one (NO_MARKS), so with tracing off a step costs a
+    call that returns at once, and no request allocates anything for it."""
+
+    __slots__ = ()
+
+    def start(self, step: str) -> None:
+        """`step` starts now; a step started again (the next tier of a fallback) keeps its
+        first start, so its span covers every try."""
+
+    def end(self, step: str, then: str | None = None) -> None:
+        """`step` ends now (its last end counts); `then`: the step that starts at that moment."""
+
+    def span(self, step: str) -> tuple[float | None, float | None]:
+        """The step's (start, end), perf_counter; None where it never started or ended."""
+        return None, None
+
+
+NO_MARKS = Marks()
+
+
+class StepMarks(Marks):
+    """The marks of a traced request."""
+
+    __slots__ = ("started", "ended")
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+
+    def start(self, step: str) -> None:
+        self.started.setdefault(step, time.perf_counter())
+
+    def end(self, step: str, then: str | None = None) -> None:
+        now = self.ended[step] = time.perf_counter()
+        if then is not None:
+            self.started.setdefault(then, now)
+
+    def span(self, step: str) -> tuple[float | None, float | None]:
+        return self.started.get(step), self.ended.get(step)
 
 
 class CallTracer(Protocol):

@@ -1,17 +1,18 @@
 """Request ids present in the trace files, with the team that made each request, read
 incrementally (for POST /v1/feedback, which only the requesting team may send).
 
-Reads the current and rotated trace files from where the last look-up stopped. Up to `max_ids`
-ids are kept; the oldest are forgotten first.
+Reads the current and rotated trace files from where the last look-up stopped (a rotated file
+from where it was read under its old name: trace_format/jsonl.py's `Tail`). Up to `max_ids` ids
+are kept; the oldest are forgotten first.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 
+from trace_format.jsonl import Tail
 from trace_format.reader import TraceFormatError, parse_line
 
 
@@ -24,7 +25,7 @@ class TraceIdIndex:
         self.max_ids = max_ids
         self._ids: dict[str, str | None] = {}
         self._teams: dict[str, str] = {}  # one string object per team, not one per id
-        self._read_upto: dict[tuple[int, int], int] = {}  # (device, inode) -> bytes consumed
+        self._tail = Tail(list(self._files()))
         self._lock = threading.Lock()
 
     def add(self, request_id: str, team: str | None = None) -> None:
@@ -43,7 +44,7 @@ class TraceIdIndex:
         """The requesting team of a known id (None when unknown or recorded without one)."""
         return self._ids.get(request_id)
 
-    def _files(self) -> Iterable[Path]:
+    def _files(self) -> Iterator[Path]:
         # Oldest first, so ids are added in time order.
         for n in range(self.backups, 0, -1):
             yield self.trace_path.with_name(f"{self.trace_path.name}.{n}")
@@ -52,29 +53,11 @@ class TraceIdIndex:
     def refresh(self) -> None:
         """Read trace lines written since the last refresh (blocking; run it in a thread)."""
         with self._lock:
-            for path in self._files():
-                self._read_new(path)
-
-    def _read_new(self, path: Path) -> None:
-        try:
-            fh = path.open("rb")
-        except OSError:
-            return
-        with fh:
-            st = os.fstat(fh.fileno())
-            key = (st.st_dev, st.st_ino)
-            start = self._read_upto.get(key, 0)
-            if st.st_size < start:  # truncated: read it again
-                start = 0
-            fh.seek(start)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next refresh
-        for line in data[:end].splitlines():
-            try:
-                record = parse_line(line, str(path))
-            except TraceFormatError:
-                continue  # a line another writer is rewriting, or a newer schema: not ours
-            rid, team = record.get("id"), record.get("team")
-            if isinstance(rid, str):
-                self.add(rid, team if isinstance(team, str) else None)
-        self._read_upto[key] = start + end
+            for line in self._tail.lines():
+                try:
+                    record = parse_line(line, str(self.trace_path))
+                except TraceFormatError:
+                    continue  # a line another writer is rewriting, or a newer schema: not ours
+                rid, team = record.get("id"), record.get("team")
+                if isinstance(rid, str):
+                    self.add(rid, team if isinstance(team, str) else None)

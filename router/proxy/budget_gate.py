@@ -107,8 +107,8 @@ def _refusal(
 
 
 class BudgetGate:
-    """Built from the sections it reads: `budgets`, `teams`, `keys`, and the tiers (prices and
-    fallbacks of the chains it may downgrade to)."""
+    """Built from the sections it reads: `budgets`, `teams`, `keys`, and the tiers by name
+    (prices and fallbacks of the chains it may downgrade to)."""
 
     def __init__(
         self,
@@ -116,14 +116,14 @@ class BudgetGate:
         settings: BudgetsConfig,
         teams: Mapping[str, TeamConfig],
         keys: Sequence[KeyConfig],
-        tiers: Sequence[TierConfig],
+        tiers: Mapping[str, TierConfig],
         gauges: BudgetGauges | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.gauges = gauges  # one per metrics registry: survives hot reloads of the gate
         self.limits = ScopeLimits(teams, keys)
-        self._tiers = {t.name: t for t in tiers}
+        self._tiers = tiers
         self._seen_teams: set[str] = set()
         self._views: dict[str, tuple[float, BudgetView]] = {}
 

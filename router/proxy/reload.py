@@ -8,7 +8,7 @@ validated in full and its policies built (reference traces read, shares converte
 anything changes; on any error the running config stays and the error is logged. A reload logs
 what it changed (sections, and the names of teams, keys, policies and experiments; never a key's
 hash). Routing reloads, and so does the classifier section: the app's `build` loads the models
-the new file names (router/proxy/state.py build_routing: a changed or replaced model file is loaded
+the new file names (router/proxy/build.py build_routing: a changed or replaced model file is loaded
 again, off the event loop) before the swap. The `evaluation:` section reloads too (the shadow
 service is reconfigured in place: router/learning/shadow.py `reload_shadow`); its judge
 prompt file is read and checked here, before anything changes. Tiers, budgets, server and
@@ -32,8 +32,9 @@ from typing import Any
 from policies.keys import key_id_of
 from router.config import RouterConfig, config_from_dict, load_config
 from router.learning.judges.prompt import load_prompt
-from router.proxy.state import build_selector
+from router.proxy.build import build_selector
 from trace_format.config_base import ConfigError
+from trace_format.tasks import stop_tasks
 
 log = logging.getLogger("cost_router.reload")
 
@@ -97,7 +98,7 @@ def describe_changes(old: RouterConfig, new: RouterConfig) -> str:
 class ConfigReloader:
     """Watches `path`; on a valid change calls `apply(build(merged_config), merged_config)`.
 
-    `build` (default: the policies alone, router.proxy.state.build_selector) runs in a worker thread
+    `build` (default: the policies alone, router.proxy.build.build_selector) runs in a worker thread
     and returns something with the built `policies`; the app's builds its models too."""
 
     def __init__(
@@ -245,8 +246,5 @@ class ConfigReloader:
         if self._signal_loop is not None:
             self._signal_loop.remove_signal_handler(signal.SIGHUP)
             self._signal_loop = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_tasks(self._task)
+        self._task = None

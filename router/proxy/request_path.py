@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -32,11 +32,12 @@ from policies.selection import Selection, UnknownPolicyError
 from router.http.body_limits import body_timed_out
 from router.http.errors import RouterError, error_body, error_response, json_response
 from router.http.schemas import validate_body
-from router.observability.telemetry_config import caller_trace
+from router.observability.telemetry_config import NO_MARKS, Marks, StepMarks, caller_trace
 from router.proxy.disconnect import DisconnectWatch, RelayResponse, until_disconnect
-from router.proxy.state import RouterState, TierLimiter
+from router.proxy.limiter import TierLimiter
+from router.proxy.state import RouterState
 from router.proxy.stream_relay import StreamMeter, relay
-from router.proxy.usage_guard import UsageBound, checked_usage, priced
+from router.proxy.usage_guard import Priced, checked_usage, priced
 from trace_format.request_text import request_text
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,9 @@ class Call:
     error_detail: str | None = None  # what broke a stream, for the trace (never the client)
     answer: Any = None  # the answer body, or a stream's content events (shadow comparisons)
     finishing: bool = False  # finish() is queued: a later failure amends the call, not a 2nd run
-    # Only while tracing is on (router/observability/telemetry.py builds the spans from them in
-    # finish()):
-    marks: dict[str, float] | None = None  # step -> perf_counter at its start / "<step>_end"
+    # Where the steps started and ended: noted only while tracing is on (a no-op otherwise);
+    # router/observability/telemetry.py builds the spans from them in finish().
+    marks: Marks = NO_MARKS
     trace_parent: dict[str, str] | None = None  # the caller's W3C trace context headers
 
     @property
@@ -89,6 +90,25 @@ class Call:
         if self.selection is None:
             return ""
         return self.selection.policy_name or "passthrough"
+
+    def hold(self, reserved_nanos: int) -> None:
+        """The budget reservation is made: finish() settles or releases it."""
+        self.reserved, self.reserved_nanos = True, reserved_nanos
+
+    def downgrade_to(self, tier: str) -> None:
+        """The budget did not fit the chosen tier: the cheaper `tier` answers instead."""
+        self.downgraded, self.tier = True, tier
+        self.reason = f"{self.reason}; downgraded to {tier}: budget".lstrip("; ")
+
+    def charge(self, usage: Usage, cost: Priced, model: str, answer: Any) -> None:
+        """The answer, once known (a stream's at its end): what it used, cost and said."""
+        self.usage, self.cost_usd, self.actual_cost_usd = usage, cost.cost_usd, cost.actual_usd
+        self.model, self.answer = model, answer
+
+    def fail(self, status: int, code: str) -> None:
+        """The request ends in an error: nothing is charged (finish() releases)."""
+        self.status, self.error = status, code
+        self.usage, self.cost_usd, self.actual_cost_usd = None, None, None
 
     def headers(self) -> dict[str, str]:
         h = {"x-router-request-id": self.id}
@@ -173,7 +193,7 @@ async def handle(
 ) -> Response:
     call = new_call(endpoint)
     if state.telemetry is not None:  # with tracing off, this test is all a request pays
-        call.marks, call.trace_parent = {}, caller_trace(request.headers)
+        call.marks, call.trace_parent = StepMarks(), caller_trace(request.headers)
     # Every way out below ends in finish() (through _fail here, or the answer's own path), which
     # settles or releases a reservation: one held by a request that died would be renewed for as
     # long as the replica runs, and drain the team's budget.
@@ -217,14 +237,12 @@ async def handle(
 
 async def _handle(state: RouterState, request: Request, call: Call) -> Response:
     call.identity = await identify(state, request)
-    body = parse_body(await read_body(request, state.config.server.max_body_bytes))
+    body = parse_body(await read_body(request, state.limits.max_body_bytes))
     validate_body(call.endpoint, body)
     call.stream = body.get("stream") is True
-    if call.marks is not None:
-        call.marks["route"] = time.perf_counter()
+    call.marks.start("route")
     await route(state, call, body, request)
-    if call.marks is not None:
-        call.marks["route_end"] = call.marks["budget"] = time.perf_counter()
+    call.marks.end("route", then="budget")
     chain = tier_chain(state, call.tier or "")
     # What the upstream gets carries exactly the bound that is reserved, in the field(s) the
     # endpoint obeys.
@@ -234,14 +252,12 @@ async def _handle(state: RouterState, request: Request, call: Call) -> Response:
     admitted = await state.budgets.reserve(
         call.id, call.identity, body, chain, cheaper_tiers(state, call), endpoint=call.endpoint
     )
-    call.reserved, call.reserved_nanos = True, admitted.reserved_nanos
-    if call.marks is not None:
-        call.marks["budget_end"] = time.perf_counter()
+    call.hold(admitted.reserved_nanos)
+    call.marks.end("budget")
     chain = admitted.chain
     if admitted.downgraded:
         state.metrics.downgrades.labels(call.tier or "", chain[0].name).inc()
-        call.downgraded, call.tier = True, chain[0].name
-        call.reason = f"{call.reason}; downgraded to {chain[0].name}: budget".lstrip("; ")
+        call.downgrade_to(chain[0].name)
     # -----------------------------------------------------------------------------------------
     if call.stream:
         return await start_stream(state, request, call, body, chain)
@@ -312,8 +328,9 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
         )
     except UnknownPolicyError as exc:
         raise RouterError(404, "model_not_found", str(exc), param="model") from None
-    if state.config.traces.include_prompt:
-        call.prompt = request_text(body, state.config.classifier.context_turns)
+    limits = state.limits
+    if limits.include_prompt:
+        call.prompt = request_text(body, limits.context_turns)
         call.messages = body.get("messages")
     policy = call.selection.policy
     if policy is None:
@@ -321,7 +338,7 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
         return
     t0 = time.perf_counter()
     scorer = state.scorer_for(call.selection.policy_name)  # a canary policy has its own model
-    call.score = scorer.score_request(body, state.config.classifier.context_turns)
+    call.score = scorer.score_request(body, limits.context_turns)
     state.metrics.classifier_seconds.observe(time.perf_counter() - t0)
     ctx = RoutingContext(
         score=call.score,
@@ -364,30 +381,59 @@ def upstream_body(body: dict[str, Any], tier: TierConfig, stream: bool) -> dict[
     return out
 
 
-class _Attempts:
-    """Why each tier of the chain did not answer; turned into one client error at the end."""
+R = TypeVar("R")
 
-    def __init__(self) -> None:
+
+class _Fallback(Generic[R]):
+    """The one tier-fallback loop: the chain's tiers in order until one answers, each behind
+    its in-flight slot (a full tier is skipped). `attempt` runs with the slot held and owns it:
+    it gives it back when it fails, and when it answers keeps it for as long as its answer
+    needs it. An UpstreamError tries the next tier; anything else ends the request. Why each
+    tier did not answer becomes one client error at the end."""
+
+    __slots__ = ("state", "call", "body", "saturated", "failed")
+
+    def __init__(self, state: RouterState, call: Call, body: dict[str, Any]) -> None:
+        self.state = state
+        self.call = call
+        self.body = body
         self.saturated: list[str] = []
         self.failed: list[UpstreamError] = []
 
-    async def admit(self, state: RouterState, call: Call, tier: TierConfig) -> TierLimiter | None:
-        """Try the tier: its limiter, acquired (the caller releases it), or None when it is full."""
-        call.tiers_tried.append(tier.name)
-        limiter = state.limiters[tier.name]
-        if await limiter.acquire():
-            return limiter
-        self.saturated.append(tier.name)
-        return None
+    async def run(self, chain: list[TierConfig]) -> R:
+        call, limiters = self.call, self.state.limiters
+        for tier in chain:
+            call.tiers_tried.append(tier.name)
+            limiter = limiters[tier.name]
+            if not await limiter.acquire():
+                self.saturated.append(tier.name)
+                continue
+            call.marks.start("upstream")  # one span over every tier tried
+            try:
+                return await self.attempt(tier, limiter)
+            except UpstreamError as exc:
+                self._failure(tier, exc)
+        raise self._error()
 
-    def failure(self, call: Call, tier: TierConfig, exc: UpstreamError) -> None:
+    async def attempt(self, tier: TierConfig, limiter: TierLimiter) -> R:
+        raise NotImplementedError
+
+    def answered(self, tier: TierConfig, deployment: str | None, t0: float, stream: str) -> None:
+        """`tier` answered (its first byte, for a stream), `t0` after its slot was taken."""
+        state, call = self.state, self.call
+        state.metrics.upstream_seconds.labels(tier.name, stream).observe(time.perf_counter() - t0)
+        if call.tiers_tried[0] != tier.name:
+            state.metrics.fallbacks.labels(call.tiers_tried[0], tier.name).inc()
+        call.tier, call.deployment = tier.name, deployment
+
+    def _failure(self, tier: TierConfig, exc: UpstreamError) -> None:
         if isinstance(exc, DeploymentsBusy):  # all its deployments are full: as a full limiter
             self.saturated.append(tier.name)
             return
-        log.warning("tier %s failed for %s: %s", tier.name, call.id, exc)
+        log.warning("tier %s failed for %s: %s", tier.name, self.call.id, exc)
         self.failed.append(exc)
 
-    def error(self, call: Call) -> RouterError:
+    def _error(self) -> RouterError:
         if not self.failed:
             tiers = ", ".join(self.saturated)
             return RouterError(
@@ -397,46 +443,40 @@ class _Attempts:
                 headers={"retry-after": "1"},
             )
         # Public phrases only: the upstream's body, exception texts and addresses go to the log
-        # (failure() above) and the trace, never to the client.
-        call.error_detail = "; ".join(str(e) for e in self.failed)[:2000]
+        # (_failure() above) and the trace, never to the client.
+        self.call.error_detail = "; ".join(str(e) for e in self.failed)[:2000]
         detail = "; ".join(f"{e.tier}: {e.public}" for e in self.failed)
         if any(e.status is not None for e in self.failed):
             return RouterError(502, "upstream_error", f"upstream failed: {detail}")
         return RouterError(503, "upstream_unavailable", f"no tier could answer: {detail}")
 
 
-async def call_tiers(
-    state: RouterState, call: Call, body: dict[str, Any], chain: list[TierConfig]
-) -> tuple[TierConfig, UpstreamResponse]:
-    attempts = _Attempts()
-    for tier in chain:
-        if (limiter := await attempts.admit(state, call, tier)) is None:
-            continue
+class _Completion(_Fallback[tuple[TierConfig, UpstreamResponse]]):
+    """One answer, not streamed: the slot is given back as soon as the upstream answered."""
+
+    __slots__ = ()
+
+    async def attempt(
+        self, tier: TierConfig, limiter: TierLimiter
+    ) -> tuple[TierConfig, UpstreamResponse]:
+        call = self.call
         t0 = time.perf_counter()
-        if call.marks is not None:
-            call.marks.setdefault("upstream", t0)  # one span over every tier tried
         try:
-            answer = await state.backends[tier.name].complete(
-                call.endpoint, upstream_body(body, tier, False)
+            answer = await self.state.backends[tier.name].complete(
+                call.endpoint, upstream_body(self.body, tier, False)
             )
-        except UpstreamError as exc:
-            attempts.failure(call, tier, exc)
-            continue
         finally:
             limiter.release()
-        if call.marks is not None:
-            call.marks["upstream_end"] = time.perf_counter()
-        state.metrics.upstream_seconds.labels(tier.name, "false").observe(time.perf_counter() - t0)
-        _note_fallback(state, call, tier)
-        call.deployment = answer.deployment
+        call.marks.end("upstream")
+        self.answered(tier, answer.deployment, t0, "false")
         return tier, answer
-    raise attempts.error(call)
 
 
-def _note_fallback(state: RouterState, call: Call, tier: TierConfig) -> None:
-    if call.tiers_tried[0] != tier.name:
-        state.metrics.fallbacks.labels(call.tiers_tried[0], tier.name).inc()
-    call.tier = tier.name
+def call_tiers(
+    state: RouterState, call: Call, body: dict[str, Any], chain: list[TierConfig]
+) -> Awaitable[tuple[TierConfig, UpstreamResponse]]:
+    """The first tier of `chain` that answers, and its answer (not streamed)."""
+    return _Completion(state, call, body).run(chain)
 
 
 def _answer(
@@ -445,23 +485,19 @@ def _answer(
     tier, answer = result
     sent = call.body or {}
     bound = state.budgets.usage_bound(sent, call.endpoint, tier, call.reserved_nanos)
-    call.usage = checked_usage(answer.usage, bound, lambda: counted_usage(sent, answer.body))
-    _price(call, tier, bound)
+    usage = checked_usage(answer.usage, bound, lambda: counted_usage(sent, answer.body))
     body = answer.body
-    if not call.usage.reported:  # the client sees what it is charged for, marked as our count
-        body = {**body, "usage": usage_json(call.usage)}
-    call.answer = body
+    if not usage.reported:  # the client sees what it is charged for, marked as our count
+        body = {**body, "usage": usage_json(usage)}
     model = answer.body.get("model")
-    call.model = model if isinstance(model, str) else tier.model
-    _finish_once(state, call)
+    call.charge(
+        usage,
+        priced(usage, tier.price, bound),
+        model if isinstance(model, str) else tier.model,
+        body,
+    )
+    finish_once(state, call)
     return json_response(200, body, call.headers())
-
-
-def _price(call: Call, tier: TierConfig, bound: UsageBound) -> None:
-    """The charge (told to the client, never above the reservation) and the usage's own cost."""
-    assert call.usage is not None
-    cost = priced(call.usage, tier.price, bound)
-    call.cost_usd, call.actual_cost_usd = cost.cost_usd, cost.actual_usd
 
 
 # --- streaming -----------------------------------------------------------------------------------
@@ -475,26 +511,27 @@ async def start_stream(
     first byte and then the relay (the response takes it over)."""
     watch = DisconnectWatch(request.receive)
     try:
-        return await _open_stream(state, call, body, chain, watch)
+        return await _Stream(state, call, body, watch).run(chain)
     except BaseException:
         watch.close()
         raise
 
 
-async def _open_stream(
-    state: RouterState,
-    call: Call,
-    body: dict[str, Any],
-    chain: list[TierConfig],
-    watch: DisconnectWatch,
-) -> Response:
-    attempts = _Attempts()
-    for tier in chain:
-        if (limiter := await attempts.admit(state, call, tier)) is None:
-            continue
+class _Stream(_Fallback[Response]):
+    """A stream: the slot and the upstream connection pass to the response once the first
+    byte came (and _client_stream's cleanup gives them back)."""
+
+    __slots__ = ("watch",)
+
+    def __init__(
+        self, state: RouterState, call: Call, body: dict[str, Any], watch: DisconnectWatch
+    ) -> None:
+        super().__init__(state, call, body)
+        self.watch = watch
+
+    async def attempt(self, tier: TierConfig, limiter: TierLimiter) -> Response:
+        state, call, body = self.state, self.call, self.body
         t0 = time.perf_counter()
-        if call.marks is not None:
-            call.marks.setdefault("upstream", t0)
         try:
             upstream_req = upstream_body(body, tier, True)
         except BaseException:
@@ -504,21 +541,18 @@ async def _open_stream(
         # Until the response owns the stream (and _client_stream's cleanup), any failure here
         # gives back the tier's slot and the upstream connection; handle() releases the budget.
         try:
-            first = await watch.guard(_first_bytes(upstream, tier), ClientGone)
-        except UpstreamError as exc:
+            first = await self.watch.guard(_first_bytes(upstream, tier), ClientGone)
+        except UpstreamError:
             limiter.release()
-            attempts.failure(call, tier, exc)
-            continue
+            raise
         except BaseException:
             limiter.release()
             await upstream.aclose()
             raise
         try:
             call.ttft_ms = (time.perf_counter() - call.started) * 1000
-            seconds = time.perf_counter() - t0
-            state.metrics.upstream_seconds.labels(tier.name, "true").observe(seconds)
-            _note_fallback(state, call, tier)
-            call.deployment = getattr(upstream, "deployment", None)  # several deployments only
+            # The deployment: only a tier of several deployments names one.
+            self.answered(tier, getattr(upstream, "deployment", None), t0, "true")
             want = bool((body.get("stream_options") or {}).get("include_usage"))
             meter = StreamMeter(request=body, want_usage=want)
         except BaseException:
@@ -526,8 +560,7 @@ async def _open_stream(
             await upstream.aclose()
             raise
         parts = _client_stream(state, call, tier, upstream, first, meter, limiter.release)
-        return RelayResponse(parts, headers=call.headers(), watch=watch)
-    raise attempts.error(call)
+        return RelayResponse(parts, headers=call.headers(), watch=self.watch)
 
 
 async def _first_bytes(upstream: AsyncIterator[bytes], tier: TierConfig) -> bytes:
@@ -565,25 +598,24 @@ async def _client_stream(
         raise
     finally:
         release()
-        if call.marks is not None:
-            call.marks["upstream_end"] = time.perf_counter()  # the stream's end
+        call.marks.end("upstream")  # the stream's end
         if meter.error and call.error is None:
             call.status, call.error = 502, meter.error
         # The charge and the trace first: a cancellation landing in the await below must not
         # skip them.
-        call.usage = meter.final_usage()
-        _price(call, tier, bound)
+        usage = meter.final_usage()
+        call.charge(
+            usage, priced(usage, tier.price, bound), meter.model or tier.model, meter.contents
+        )
         call.error_detail = meter.error_detail
-        call.model = meter.model or tier.model
-        call.answer = meter.contents
-        _finish_once(state, call)
+        finish_once(state, call)
         await upstream.aclose()  # no-op when finished; otherwise closes the upstream connection
 
 
 # --- end of a request ----------------------------------------------------------------------------
 
 
-def _finish_once(state: RouterState, call: Call) -> None:
+def finish_once(state: RouterState, call: Call) -> None:
     """Queue finish() once per call. It runs after the response is sent, on the call as it
     stands then: an answer that failed on its way out (after queuing) is settled as a failure."""
     if not call.finishing:
@@ -595,8 +627,7 @@ async def finish(state: RouterState, call: Call) -> None:
     """Settle the budget, count metrics, write the trace. Runs after the response is sent."""
     usage = call.usage
     # --- budget: settle ----------------------------------------------------------------------
-    if call.marks is not None:
-        call.marks["settle"] = time.perf_counter()
+    call.marks.start("settle")
     if call.reserved:
         if usage is not None and call.cost_usd is not None:
             tokens = usage.prompt_tokens + usage.completion_tokens
@@ -604,8 +635,7 @@ async def finish(state: RouterState, call: Call) -> None:
             await state.budgets.settle(call.id, actual, tokens)
         else:
             await state.budgets.release(call.id)
-    if call.marks is not None:
-        call.marks["settle_end"] = time.perf_counter()
+    call.marks.end("settle")
     # -----------------------------------------------------------------------------------------
     m = state.metrics
     m.requests.labels(call.tier or "", call.policy, str(call.status)).inc()
@@ -644,7 +674,6 @@ async def finish(state: RouterState, call: Call) -> None:
 
 
 async def _fail(state: RouterState, call: Call, status: int, code: str, resp: Response) -> Response:
-    call.status, call.error = status, code
-    call.usage, call.cost_usd, call.actual_cost_usd = None, None, None
-    _finish_once(state, call)
+    call.fail(status, code)
+    finish_once(state, call)
     return resp

@@ -19,8 +19,8 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from router.http.body_limits import has_body, json_content_type
-from router.http.errors import error_body, json_response
+from router.http.body_limits import has_body, json_content_type, not_json
+from router.http.errors import error_body, error_response, json_response
 from router.proxy.request_path import handle
 
 log = logging.getLogger(__name__)
@@ -38,10 +38,8 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         if has_body(scope) and scope["path"] in JSON_BODY_PATHS and not json_content_type(scope):
-            message = "Content-Type must be application/json"
-            body = error_body(415, "unsupported_media_type", message, "content-type")
             # Closed: the unread body is not worth reading to keep the connection.
-            await json_response(415, body, {"connection": "close"})(scope, receive, send)
+            await error_response(not_json(), {"connection": "close"})(scope, receive, send)
             return
         endpoint = HOT_PATHS.get(scope["path"])
         if endpoint is None or scope["method"] != "POST":

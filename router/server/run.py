@@ -20,7 +20,8 @@ import uvicorn
 from classifiers.inference import ModelLoadError
 from router.config import RouterConfig
 from router.http.protocol import limited_protocol
-from router.server.app import create_app, load_scorer
+from router.proxy.scorers import load_scorers
+from router.server.app import create_app
 from router.server.asgi_front import FastPath
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -62,11 +63,11 @@ def run_server(
     # Load the classifier before listening: a bad model file is a one-line error, not a
     # failed-startup traceback from inside uvicorn.
     try:
-        scorer = load_scorer(config)
+        scorers = load_scorers(config)
     except ModelLoadError as exc:
         print(f"cost-router: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    ucfg = uvicorn_config(config, host, port, config_path=config_path, scorer=scorer)
+    ucfg = uvicorn_config(config, host, port, config_path=config_path, scorers=scorers)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((ucfg.host, ucfg.port))

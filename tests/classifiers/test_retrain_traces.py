@@ -24,8 +24,9 @@ from typer.testing import CliRunner
 
 from classifiers.compare import compare_models
 from classifiers.dataset import load_dataset, routellm_data_dir
+from classifiers.model_files import ModelFiles
 from classifiers.oof import read_scores
-from classifiers.score_reference import ScoreReference, bin_counts, reference_path_for
+from classifiers.score_reference import ScoreReference, bin_counts
 from router.cli import app
 from router.config import config_from_dict
 from router.learning.judges.feedback import append_feedback_labels
@@ -149,10 +150,10 @@ def test_train_tune_simulate_on_the_trace_folder(trace_dir: Path, tmp_path: Path
     lines = [json.loads(line) for line in oof.read_text().splitlines()]
     assert {"request_id", "score", "fold", "current_score"} <= set(lines[0])
     # The drift reference beside the model: the distribution of those out-of-fold scores.
-    reference = ScoreReference.load(reference_path_for(out))
+    reference = ScoreReference.load(ModelFiles(out).scores)
     assert reference.n == LABELLED and reference.model == "new.onnx"
     assert reference.counts.tolist() == bin_counts(np.array(list(scores.values()))).tolist()
-    assert str(reference_path_for(out)) in result.stdout
+    assert str(ModelFiles(out).scores) in result.stdout
     # The recorded comparison is the one compare_models gives on the file's own columns.
     ds = load_dataset(trace_dir, labelled_only=True)
     by_id = {line["request_id"]: line for line in lines}

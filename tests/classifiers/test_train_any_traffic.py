@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from classifiers.config import DEFAULT_MODEL
 from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.inference import DifficultyScorer
+from classifiers.model_files import ModelFiles
 from classifiers.oof import read_scores
-from classifiers.provenance import overlap, prompts_path
+from classifiers.provenance import overlap
 from router.cli import app
 
 DATA = routellm_data_dir()
@@ -140,7 +141,7 @@ def test_train_never_overwrites_the_shipped_model(
     code, stdout, stderr = _train(str(DATA / "gsm8k"), "--folds", "0")
     assert code == 0, stdout + stderr
     written = list((tmp_path / "models").glob("model-*.onnx"))
-    assert len(written) == 1 and prompts_path(written[0]).is_file()
+    assert len(written) == 1 and ModelFiles(written[0]).prompts.is_file()
     assert hashlib.sha256(DEFAULT_MODEL.read_bytes()).hexdigest() == before
 
 

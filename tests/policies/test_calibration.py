@@ -53,8 +53,8 @@ def build(params: dict[str, Any], **env: Any) -> Any:
     from backends.config import Price
 
     prices = {n: Price(**p) for n, p in PRICES.items()}
-    cfg = PolicyConfig.model_validate({"type": "threshold", **params})
-    return build_policies({"p": cfg}, PolicyEnv(prices=prices, **env))["p"]
+    policy_settings = PolicyConfig.model_validate({"type": "threshold", **params})
+    return build_policies({"p": policy_settings}, PolicyEnv(prices=prices, **env))["p"]
 
 
 # --- the shared step ----------------------------------------------------------------------------
@@ -313,12 +313,14 @@ def test_the_shared_state_works_on_a_redis_cluster(redis_cluster) -> None:
     from policies.config import BudgetsConfig
 
     prefix = random_prefix()
-    cfg = BudgetsConfig(store="redis-cluster", redis_url=redis_cluster.url, key_prefix=prefix)
+    budget_settings = BudgetsConfig(
+        store="redis-cluster", redis_url=redis_cluster.url, key_prefix=prefix
+    )
     s = settings(warmup_requests=20, every_n_requests=10)
     rng = np.random.default_rng(7)
 
     async def run() -> None:
-        budgets = RedisClusterBudgetStore(cfg)
+        budgets = RedisClusterBudgetStore(budget_settings)
         store, memory = calibration_store(budgets, prefix), MemoryCalibrationStore()
         assert isinstance(store, RedisCalibrationStore)
         try:

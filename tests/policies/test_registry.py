@@ -30,7 +30,7 @@ from policies.threshold import ThresholdPolicy
 from policies.tiers import TiersPolicy
 from router.cli import app
 from router.config import RouterConfig, config_from_dict
-from router.proxy.state import build_selector
+from router.proxy.build import build_selector
 from trace_format.config_base import ConfigError
 
 TIERS = [
@@ -55,16 +55,16 @@ TIERS = [
 ]
 
 
-def _cfg(**kw: Any) -> RouterConfig:
+def _config(**kw: Any) -> RouterConfig:
     return config_from_dict({"tiers": TIERS, **kw})
 
 
-def _built(cfg: RouterConfig) -> dict[str, Policy]:
-    return build_policies(cfg.policies, cfg.policy_env())
+def _built(config: RouterConfig) -> dict[str, Policy]:
+    return build_policies(config.policies, config.policy_env())
 
 
 def test_default_policy_is_threshold_between_cheapest_and_priciest() -> None:
-    pols = _built(_cfg(default_policy="house"))
+    pols = _built(_config(default_policy="house"))
     assert list(pols) == ["house"]
     p = pols["house"]
     assert isinstance(p, ThresholdPolicy) and p.tiers() == ["small", "large"]
@@ -72,16 +72,16 @@ def test_default_policy_is_threshold_between_cheapest_and_priciest() -> None:
 
 def test_default_threshold_comes_from_classifier_card(tmp_path: Path) -> None:
     (tmp_path / "m.json").write_text('{"default_threshold": 0.23}')
-    cfg = _cfg(classifier={"model_path": str(tmp_path / "m.onnx")})
-    assert _built(cfg)["balanced"].threshold == 0.23
-    cfg = _cfg(
+    config = _config(classifier={"model_path": str(tmp_path / "m.onnx")})
+    assert _built(config)["balanced"].threshold == 0.23
+    config = _config(
         classifier={"model_path": str(tmp_path / "m.onnx")},
         policies={"balanced": {"type": "threshold"}},
     )
-    assert _built(cfg)["balanced"].threshold == 0.23
+    assert _built(config)["balanced"].threshold == 0.23
     (tmp_path / "m.json").write_text('{"default_threshold": "high"}')
     assert (
-        _built(_cfg(classifier={"model_path": str(tmp_path / "m.onnx")}))["balanced"].threshold
+        _built(_config(classifier={"model_path": str(tmp_path / "m.onnx")}))["balanced"].threshold
         == 0.5
     )
 
@@ -105,14 +105,14 @@ def test_single_tier_default_is_fixed() -> None:
 )
 def test_bad_params_name_the_key(policy: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        _cfg(policies={"balanced": policy})
+        _config(policies={"balanced": policy})
 
 
 def test_unknown_type_names_the_key_and_the_registered_types(tmp_path: Path) -> None:
     """PolicyConfig.type accepts what policies/registry.py SPECS lists, and nothing else."""
     message = f"policies.balanced.type: unknown policy type 'nope' (known: {sorted(SPECS)})"
     with pytest.raises(ConfigError, match=re.escape(message)):
-        _cfg(policies={"balanced": {"type": "nope"}})
+        _config(policies={"balanced": {"type": "nope"}})
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump({"tiers": TIERS, "policies": {"balanced": {"type": "nope"}}}))
     result = CliRunner().invoke(app, ["config", "check", str(path)])
@@ -120,15 +120,17 @@ def test_unknown_type_names_the_key_and_the_registered_types(tmp_path: Path) -> 
 
 
 def test_build_time_errors_name_the_key(tmp_path: Path) -> None:
-    bad_order = _cfg(
+    bad_order = _config(
         policies={"balanced": {"type": "tiers", "tiers": ["large", "small"], "thresholds": [0.5]}}
     )
     with pytest.raises(ConfigError, match=r"policies\.balanced\.tiers: must be ordered cheapest"):
         _built(bad_order)
-    swapped = _cfg(policies={"balanced": {"type": "threshold", "small": "large", "large": "small"}})
+    swapped = _config(
+        policies={"balanced": {"type": "threshold", "small": "large", "large": "small"}}
+    )
     with pytest.raises(ConfigError, match=r"policies\.balanced\.small"):
         _built(swapped)
-    missing = _cfg(
+    missing = _config(
         policies={
             "balanced": {
                 "type": "threshold",
@@ -143,7 +145,7 @@ def test_build_time_errors_name_the_key(tmp_path: Path) -> None:
 
 def test_every_type_builds() -> None:
     pols = _built(
-        _cfg(
+        _config(
             default_policy="th",
             policies={
                 "th": {"type": "threshold", "threshold": 0.3},
@@ -174,7 +176,7 @@ def _trace(path: Path, scores: np.ndarray) -> Path:
 def test_target_share_converted_on_reference_trace(tmp_path: Path, caplog) -> None:
     scores = np.random.default_rng(3).beta(2, 5, 4000)
     ref = _trace(tmp_path / "ref.jsonl", scores)
-    cfg = _cfg(
+    config = _config(
         policies={
             "balanced": {
                 "type": "threshold",
@@ -185,7 +187,7 @@ def test_target_share_converted_on_reference_trace(tmp_path: Path, caplog) -> No
         }
     )
     with caplog.at_level(logging.INFO, logger="cost_router.policies"):
-        pols = _built(cfg)
+        pols = _built(config)
     t = pols["balanced"].threshold
     assert achieved_share(scores, t) == pytest.approx(0.25, abs=1e-3)
     assert "target large share 0.2500 -> threshold" in caplog.text
@@ -239,9 +241,9 @@ def test_threshold_for_share_edges() -> None:
     assert threshold_for_share(scores, 0.5) == 0.3
 
 
-def _selector_cfg():
+def _selector_config():
     key = "ab" * 32
-    return key, _cfg(
+    return key, _config(
         default_policy="balanced",
         policies={
             "balanced": {"type": "threshold", "threshold": 0.5},
@@ -267,8 +269,8 @@ def _selector_cfg():
 
 
 def test_selection_order() -> None:
-    key, cfg = _selector_cfg()
-    sel = build_selector(cfg)
+    key, config = _selector_config()
+    sel = build_selector(config)
     # 1. a tier name or its upstream model: passthrough
     for model in ("medium", "mid-model"):
         s = sel.select(model, team="green")
@@ -291,8 +293,8 @@ def test_selection_order() -> None:
 
 
 def test_experiment_arms_split_teams() -> None:
-    _, cfg = _selector_cfg()
-    cfg.experiments[0].teams = None
-    sel = build_selector(cfg)
+    _, config = _selector_config()
+    config.experiments[0].teams = None
+    sel = build_selector(config)
     arms = {sel.select("auto", team=f"team{i}").arm for i in range(50)}
     assert arms == {"a", "b"}

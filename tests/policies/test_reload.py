@@ -16,8 +16,8 @@ import yaml
 
 from policies.selection import PolicySelector
 from router.config import RouterConfig, load_config
+from router.proxy.build import build_selector
 from router.proxy.reload import ConfigReloader, describe_changes
-from router.proxy.state import build_selector
 from tests.support.waiting import wait_for
 
 TIERS = [

@@ -196,8 +196,8 @@ def test_cli_assign_matches_experiment(tmp_path: Path) -> None:
     from policies.experiments import Experiment
     from router.config import load_config
 
-    cfg = tmp_path / "r.yaml"
-    cfg.write_text(
+    config_file = tmp_path / "r.yaml"
+    config_file.write_text(
         "tiers:\n"
         "  - {name: s, base_url: 'http://s', model: m, price: {input_per_mtok: 1, "
         "output_per_mtok: 1}}\n"
@@ -207,16 +207,18 @@ def test_cli_assign_matches_experiment(tmp_path: Path) -> None:
         "  - {name: e, unit: team, arms: {x: {policy: a, weight: 1}, y: {policy: b, weight: 2}}}\n"
     )
     r = CliRunner().invoke(
-        app, ["ab", "assign", "-c", str(cfg), "--experiment", "e", "t1", "t2", "t3"]
+        app, ["ab", "assign", "-c", str(config_file), "--experiment", "e", "t1", "t2", "t3"]
     )
     assert r.exit_code == 0, r.output
-    exp = Experiment(load_config(cfg, environ={}).experiments[0])
+    exp = Experiment(load_config(config_file, environ={}).experiments[0])
     want = [f"{u}\t{exp.arm_for(u)}\t{exp.policy_of(exp.arm_for(u))}" for u in ("t1", "t2", "t3")]
     assert r.output.splitlines() == want
-    r = CliRunner().invoke(app, ["ab", "assign", "--config", str(cfg), "--experiment", "zz", "t1"])
+    r = CliRunner().invoke(
+        app, ["ab", "assign", "--config", str(config_file), "--experiment", "zz", "t1"]
+    )
     assert r.exit_code == 2 and "no experiment 'zz'" in r.output  # bad input
     r = CliRunner().invoke(
-        app, ["ab", "report", "-t", str(tmp_path), "-c", str(cfg), "--experiment", "zz"]
+        app, ["ab", "report", "-t", str(tmp_path), "-c", str(config_file), "--experiment", "zz"]
     )
     assert r.exit_code == 2 and "no experiment 'zz'" in r.output
 
@@ -331,8 +333,8 @@ def test_cli_report_resamples_the_configs_unit(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     recs = _clustered_records("control", 15, 8, rng) + _clustered_records("treat", 15, 8, rng)
     _write(tmp_path / "requests.jsonl", recs)
-    cfg = tmp_path / "r.yaml"
-    cfg.write_text(
+    config_file = tmp_path / "r.yaml"
+    config_file.write_text(
         "tiers:\n"
         "  - {name: small, base_url: 'http://s', model: m, price: {input_per_mtok: 1, "
         "output_per_mtok: 1}}\n"
@@ -346,7 +348,16 @@ def test_cli_report_resamples_the_configs_unit(tmp_path: Path) -> None:
     )
     r = CliRunner().invoke(
         app,
-        ["ab", "report", "--traces", str(tmp_path), "--experiment", "exp", "--config", str(cfg)],
+        [
+            "ab",
+            "report",
+            "--traces",
+            str(tmp_path),
+            "--experiment",
+            "exp",
+            "--config",
+            str(config_file),
+        ],
     )
     assert r.exit_code == 0, r.output
     assert "assignment unit user (the experiment's unit in the config)" in r.output

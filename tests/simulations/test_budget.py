@@ -80,9 +80,9 @@ def test_load_shedding_threshold_policy_can_be_paced(setup: tuple) -> None:
     trace, scores, _, _, alpha_cost, t = setup
     limit = alpha_cost / 3
     shed = {**balanced(t), "load_shed": {"max_waiting": 4, "margin": 0.1}}
-    cfg = _config(limit, t, downgrade=False, policies={"shed": shed})
-    plain = budget_replay(cfg, trace, scores, "shed")["alpha"]
-    paced = budget_replay(cfg, trace, scores, "shed", pacing=(1.0, 0.5))["alpha"]
+    sim = _config(limit, t, downgrade=False, policies={"shed": shed})
+    plain = budget_replay(sim, trace, scores, "shed")["alpha"]
+    paced = budget_replay(sim, trace, scores, "shed", pacing=(1.0, 0.5))["alpha"]
     # Without queue readings it spends as its threshold does; pacing then helps as it does there.
     assert plain == budget_replay(_config(limit, t, downgrade=False), trace, scores)["alpha"]
     assert paced.refused < plain.refused and paced.spent_usd <= limit + 1e-12

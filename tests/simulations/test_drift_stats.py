@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from classifiers.model_files import ModelFiles
 from classifiers.score_reference import (
     ScoreReference,
     ScoreReferenceError,
     bin_counts,
     quantile_from_counts,
     rebin,
-    reference_path_for,
 )
 from policies.target_share import threshold_for_share
 from simulations.drift_stats import (
@@ -37,7 +37,7 @@ def test_reference_round_trips_and_names_bad_files(tmp_path: Path) -> None:
     back = ScoreReference.load(path)
     assert back.n == 5000 and back.bins == 1000 and back.source == "t"
     assert np.array_equal(back.counts, ref.counts)
-    assert reference_path_for(tmp_path / "new.onnx") == tmp_path / "new.scores.json"
+    assert ModelFiles(tmp_path / "new.onnx").scores == tmp_path / "new.scores.json"
     bad = tmp_path / "bad.scores.json"
     for text, needle in [
         ("[1]", "JSON object"),

@@ -44,8 +44,8 @@ def _tier(name: str, model: str, price: float) -> dict[str, object]:
 def test_quantized_candidate_measured_and_gated_on_llama_cpp(tmp_path: Path) -> None:
     q2k = quantized(GGUF, "Q2_K")
     assert quantized(GGUF, "Q2_K") == q2k  # cached: made once
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(
         yaml.safe_dump(
             {
                 "signals": {"enabled": False},
@@ -58,7 +58,7 @@ def test_quantized_candidate_measured_and_gated_on_llama_cpp(tmp_path: Path) -> 
         "levers",
         "trial",
         "-c",
-        str(cfg),
+        str(config_file),
         "--traces",
         str(GSM8K),
         "--n",
@@ -74,7 +74,7 @@ def test_quantized_candidate_measured_and_gated_on_llama_cpp(tmp_path: Path) -> 
         "--out",
         str(out),
     ]
-    with ServerGroup(plan_tiers(load_config(cfg).tiers), tmp_path / "logs") as servers:
+    with ServerGroup(plan_tiers(load_config(config_file).tiers), tmp_path / "logs") as servers:
         servers.wait_ready()
         res = CliRunner().invoke(
             app, [*args, "--max-quality-loss", "1", "--max-p95-latency-s", "120"]

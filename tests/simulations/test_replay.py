@@ -101,14 +101,14 @@ def test_load_shedding_threshold_policy_is_tunable(gsm8k: tuple) -> None:
     # Bug 2: a `threshold` policy with `load_shed` had "no single threshold to sweep".
     config, trace, scores = gsm8k
     shed = {**balanced(0.4), "load_shed": {"max_waiting": 4, "margin": 0.1}}
-    cfg = sim_config(policies={"shed": shed})
-    policy = two_tier_policy(cfg, "shed")
+    sim = sim_config(policies={"shed": shed})
+    policy = two_tier_policy(sim, "shed")
     assert policy.tiers() == ["small", "large"]
-    inp = sweep_inputs(cfg.prices, trace, scores, policy)
+    inp = sweep_inputs(sim.prices, trace, scores, policy)
     ref = sweep_inputs(config.prices, trace, scores, two_tier_policy(config, None))
     np.testing.assert_array_equal(inp.cost_large, ref.cost_large)
     # Offline (no queue readings) it decides as its threshold does.
-    shed_tiers = replay(cfg, trace, scores, "shed").tier_idx
+    shed_tiers = replay(sim, trace, scores, "shed").tier_idx
     np.testing.assert_array_equal(shed_tiers, replay(sim_config(0.4), trace, scores).tier_idx)
     with pytest.raises(ReplayError, match="no single threshold"):
         two_tier_policy(sim_config(policies={"coin": {"type": "random", "p": 0.5}}), "coin")
@@ -119,25 +119,25 @@ def test_random_policy_draws_per_request_id(tmp_path: Path) -> None:
     records = write_jsonl_trace(tmp_path / "t.jsonl", 300)
     trace = load_trace([tmp_path / "t.jsonl"])
     assert trace.ids == [r["id"] for r in records]
-    cfg = sim_config(policies={"coin": {"type": "random", "p": 0.4, "seed": "s"}})
+    sim = sim_config(policies={"coin": {"type": "random", "p": 0.4, "seed": "s"}})
     scores = np.zeros(len(trace))  # a random policy ignores scores
-    res = replay(cfg, trace, scores, "coin")
+    res = replay(sim, trace, scores, "coin")
     got = [res.tiers[i] for i in res.tier_idx]
     proxy = RandomPolicy("coin", "small", "large", 0.4, "s")
     assert got == [proxy.decide(RoutingContext(score=0.0, unit=r["id"])).tier for r in records]
     # Another order of the same requests: the same decision for each id.
     reordered = trace.take(np.arange(len(trace))[::-1])
-    again = replay(cfg, reordered, scores, "coin")
+    again = replay(sim, reordered, scores, "coin")
     assert [again.tiers[i] for i in again.tier_idx] == got[::-1]
 
 
 def test_policy_tier_without_outcomes_is_refused(gsm8k: tuple) -> None:
     _, trace, scores = gsm8k
-    cfg = sim_config(
+    sim = sim_config(
         prices={"small": (0.6, 0.6), "mid": (2, 2), "large": (10, 30)},
         policies={"mid": {"type": "fixed", "tier": "mid"}},
     )
     with pytest.raises(ReplayError, match=r"record 0 .*chose tier 'mid'"):
-        replay(cfg, trace, scores, "mid")
+        replay(sim, trace, scores, "mid")
     with pytest.raises(ReplayError, match="unknown policy 'nope'"):
-        replay(cfg, trace, scores, "nope")
+        replay(sim, trace, scores, "nope")

@@ -60,7 +60,7 @@ def test_live_source_polls_the_configs_tiers() -> None:
     server = MetricsServer()
     try:
         root = f"http://127.0.0.1:{server.port}"
-        cfg = config_from_dict(
+        config = config_from_dict(
             {
                 "tiers": [
                     {
@@ -81,7 +81,7 @@ def test_live_source_polls_the_configs_tiers() -> None:
             }
         )
         # Between the two live polls the counters do not move: gauges, but no rates yet.
-        levers, notes = measured_levers(LEVERS, cfg.tiers, "live", cfg.signals)
+        levers, notes = measured_levers(LEVERS, config.tiers, "live", config.signals)
         assert levers == LEVERS
         assert any("large: metrics but no finished requests" in n for n in notes)
     finally:
@@ -108,14 +108,14 @@ def test_backends_signals_cli_saves_a_snapshot(tmp_path: Path) -> None:
     server = MetricsServer()
     try:
         root = f"http://127.0.0.1:{server.port}"
-        cfg = tmp_path / "router.yaml"
-        cfg.write_text(
+        config_file = tmp_path / "router.yaml"
+        config_file.write_text(
             "tiers:\n"
             f"  - {{name: large, base_url: '{root}/v1', model: l, metrics_url: '{root}/metrics',"
             " price: {input_per_mtok: 10, output_per_mtok: 30}}\n"
         )
         snap = tmp_path / "snap.json"
-        args = ["backends", "signals", "--config", str(cfg), "--interval", "0.05"]
+        args = ["backends", "signals", "--config", str(config_file), "--interval", "0.05"]
         args += ["--save", str(snap)]
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output

@@ -45,11 +45,11 @@ def test_synthetic_trace_shape(synthetic: tuple) -> None:
 
 def test_stream_replay_equals_in_memory_replay(synthetic: tuple) -> None:
     path, _ = synthetic
-    cfg = sim_config(threshold=0.2)
+    sim = sim_config(threshold=0.2)
     trace = load_trace([path])
-    scores = trace_scores(trace, cfg.model_path)
-    full = replay(cfg, trace, scores)
-    tot = stream_replay(cfg, path, lambda t: score_texts(t, None), batch_rows=4_096)
+    scores = trace_scores(trace, sim.model_path)
+    full = replay(sim, trace, scores)
+    tot = stream_replay(sim, path, lambda t: score_texts(t, None), batch_rows=4_096)
     s = tot.summary()
     assert s["requests"] == len(trace)
     assert s["cost_usd"] == pytest.approx(full.cost_usd.sum(), rel=1e-9)
@@ -61,7 +61,7 @@ def test_stream_replay_equals_in_memory_replay(synthetic: tuple) -> None:
     from simulations.replay import sweep_inputs, two_tier_policy
 
     ref = sweep(
-        sweep_inputs(cfg.prices, trace, scores, two_tier_policy(cfg, None)), default_thresholds()
+        sweep_inputs(sim.prices, trace, scores, two_tier_policy(sim, None)), default_thresholds()
     )
     rows = tot.sweep_rows()
     np.testing.assert_allclose([r["cost_per_1k"] for r in rows], ref.cost_per_1k, rtol=1e-9)
@@ -72,10 +72,10 @@ def test_synthetic_ids_drive_random_policies_in_both_replays(synthetic: tuple) -
     path, spec = synthetic
     trace = load_trace([path])
     assert trace.ids is not None and trace.ids[:2] == [f"syn-{spec.seed}-0", f"syn-{spec.seed}-1"]
-    cfg = sim_config(policies={"coin": {"type": "random", "p": 0.3}})
+    sim = sim_config(policies={"coin": {"type": "random", "p": 0.3}})
     zeros = np.zeros(len(trace))  # a random policy ignores scores
-    full = replay(cfg, trace, zeros, "coin")
-    tot = stream_replay(cfg, path, lambda t: np.zeros(len(t)), "coin", batch_rows=4_096)
+    full = replay(sim, trace, zeros, "coin")
+    tot = stream_replay(sim, path, lambda t: np.zeros(len(t)), "coin", batch_rows=4_096)
     assert tot.summary()["cost_usd"] == pytest.approx(full.cost_usd.sum(), rel=1e-9)
     assert tot.tier_counts.tolist() == np.bincount(full.tier_idx, minlength=2).tolist()
 

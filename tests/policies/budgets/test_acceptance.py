@@ -116,8 +116,8 @@ def audit(
     prefix: str, told: Told, redis_url: str = REDIS_URL, traces: list[Path] | None = None
 ) -> None:
     """The budget audit invariant over every team, as the proxies' store sees it."""
-    cfg = BudgetsConfig(store="redis", redis_url=redis_url, key_prefix=prefix)
-    check_budget_invariant(cfg, LIMITS, told, traces or [])
+    settings = BudgetsConfig(store="redis", redis_url=redis_url, key_prefix=prefix)
+    check_budget_invariant(settings, LIMITS, told, traces or [])
 
 
 class Ledger:
@@ -151,14 +151,14 @@ class Ledger:
     def rebuilt_matches(self, team: str) -> bool:
         """`cost-router budget audit`'s check: spend rebuilt from the ledger == stored spend."""
         url = self.r.connection_pool.connection_kwargs
-        cfg = BudgetsConfig(
+        settings = BudgetsConfig(
             store="redis",
             key_prefix=self.prefix,
             redis_url=f"redis://{url['host']}:{url['port']}/0",
         )
 
         async def check() -> bool:
-            store = RedisBudgetStore(cfg)
+            store = RedisBudgetStore(settings)
             try:
                 return spend_from_ledger(await store.ledger(team)) == await store.spend(team)
             finally:

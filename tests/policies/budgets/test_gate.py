@@ -43,7 +43,7 @@ def config(limit: float, downgrade: bool = True, **team: Any) -> RouterConfig:
 
 
 def gate_for(cfg: RouterConfig) -> BudgetGate:
-    return BudgetGate(InMemoryBudgetStore(60), cfg.budgets, cfg.teams, cfg.keys, cfg.tiers)
+    return BudgetGate(InMemoryBudgetStore(60), cfg.budgets, cfg.teams, cfg.keys, cfg.tiers_by_name)
 
 
 def names(tiers: list[Any]) -> list[str]:

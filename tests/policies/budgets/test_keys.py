@@ -292,10 +292,10 @@ def test_budget_ledger_shows_the_overage_that_was_not_charged(tmp_path: Any, pre
     from policies.budgets.scopes import BudgetScope
     from policies.config import BudgetLimit, BudgetsConfig
 
-    cfg = BudgetsConfig(store="redis", redis_url=REDIS_URL, key_prefix=prefix)
+    settings = BudgetsConfig(store="redis", redis_url=REDIS_URL, key_prefix=prefix)
 
     async def charge() -> None:
-        store = RedisBudgetStore(cfg)
+        store = RedisBudgetStore(settings)
         scope = BudgetScope("alpha", None, BudgetLimit(limit_usd=2.0, period="daily"))
         await store.reserve(scope, "req-1", 0.001, 10)
         await store.settle("req-1", 0.004, 10)  # 3 times the reservation past it

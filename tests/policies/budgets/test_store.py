@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from redis.crc import key_slot
 
 from policies.budgets.codec import TeamKeys, decode_limit, encode_limit, team_of_key
+from policies.budgets.journal import Journal
 from policies.budgets.memory import InMemoryBudgetStore
 from policies.budgets.money import usd_to_nanos
 from policies.budgets.redis_store import RedisBudgetStore
@@ -53,7 +56,7 @@ def test_limits_survive_the_trip_through_the_scripts_encoding(limit: BudgetLimit
 
 
 def test_unreachable_redis_fails_closed_by_default() -> None:
-    cfg = BudgetsConfig(
+    settings = BudgetsConfig(
         store="redis",
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
         key_prefix=random_prefix(),
@@ -61,7 +64,7 @@ def test_unreachable_redis_fails_closed_by_default() -> None:
     )
 
     async def main() -> None:
-        store = RedisBudgetStore(cfg)
+        store = RedisBudgetStore(settings)
         with pytest.raises(BudgetUnavailable):
             await store.reserve(team(1.0), "a", 0.1, 1)
         assert not await store.ping()
@@ -72,7 +75,7 @@ def test_unreachable_redis_fails_closed_by_default() -> None:
 
 def test_unreachable_redis_fails_open_by_config_and_journals_the_charge(tmp_path: Any) -> None:
     journal = tmp_path / "journal.jsonl"
-    cfg = BudgetsConfig(
+    settings = BudgetsConfig(
         store="redis",
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
         key_prefix=random_prefix(),
@@ -82,7 +85,7 @@ def test_unreachable_redis_fails_open_by_config_and_journals_the_charge(tmp_path
     )
 
     async def main() -> None:
-        store = RedisBudgetStore(cfg)
+        store = RedisBudgetStore(settings)
         res = await store.reserve(team(1.0), "a", 0.1, 1)
         assert res.degraded
         out = await store.settle("a", 0.05, 1)
@@ -96,23 +99,41 @@ def test_unreachable_redis_fails_open_by_config_and_journals_the_charge(tmp_path
     assert '"rid":"a"' in mine.read_text()
     # Another replica (here: a new store, after the file is given a dead pid's name) adopts it.
     mine.rename(tmp_path / "journal.jsonl.1")
-    adopter = RedisBudgetStore(cfg)
+    adopter = RedisBudgetStore(settings)
     assert "a" in adopter.journal.entries
     assert not (tmp_path / "journal.jsonl.1").exists()
     assert '"rid":"a"' in mine.read_text()
     adopter.journal.close()
 
 
+def test_a_journal_with_a_line_it_cannot_read_is_left_for_an_operator(tmp_path: Any) -> None:
+    """Adoption never passes over a charge: a torn or foreign line stops it, and the dead
+    replica's file stays (what was adopted before it is replayed idempotently, by request id).
+    In a child process: the failed adopter keeps its own journal's lock until it exits."""
+    dead = tmp_path / "journal.jsonl.1"
+    dead.write_bytes(b'{"rid": "a", "nanos": 5}\n\n{"rid": "b", "nan')
+    base = str(tmp_path / "journal.jsonl")
+    adopt = f"from policies.budgets.journal import Journal; Journal({base!r})"
+    failed = subprocess.run([sys.executable, "-c", adopt], capture_output=True, text=True)
+    assert failed.returncode != 0
+    assert "journal.jsonl.1: line 3: not a journal entry" in failed.stderr
+    assert dead.exists()
+    dead.write_bytes(b'{"rid": "a", "nanos": 5}\n\n{"rid": "b", "nanos": 7}\n')
+    journal = Journal(base)
+    assert set(journal.entries) == {"a", "b"} and not dead.exists()
+    journal.close()
+
+
 def test_a_started_redis_store_keeps_its_leases_while_a_dead_replica_loses_them() -> None:
     """The background loop of a running replica renews (every lease_s / 3); the holds of one that
     stopped expire by Redis time. Waits on the outcome, with a deadline, not a fixed sleep."""
     prefix = random_prefix()
-    cfg = BudgetsConfig(
+    settings = BudgetsConfig(
         store="redis", redis_url=REDIS_URL, key_prefix=prefix, lease_s=0.3, redis_timeout_s=5
     )
 
     async def main() -> None:
-        live, dead = RedisBudgetStore(cfg), RedisBudgetStore(cfg)
+        live, dead = RedisBudgetStore(settings), RedisBudgetStore(settings)
         await live.start()
         await live.reserve(team(1.0), "long-stream", 0.5, 1)
         await dead.reserve(team(1.0), "orphan", 0.4, 1)  # reserved later: would expire later

@@ -1,7 +1,7 @@
 """`config check` says when `telemetry.enabled` needs the `otel` extra that is not installed,
-before a proxy is started (the proxy says it too, at startup: router/server/app.py). The environment
-without OpenTelemetry is a real interpreter in which importing it fails (`sys.modules` entry
-None: Python's own way to make a package unimportable)."""
+before a proxy is started (the proxy says it too, at startup: router/proxy/build.py). The
+environment without OpenTelemetry is a real interpreter in which importing it fails
+(`sys.modules` entry None: Python's own way to make a package unimportable)."""
 
 from __future__ import annotations
 

@@ -68,9 +68,9 @@ def test_the_pages_example_is_a_valid_config(tmp_path: Path) -> None:
     whole = page.split("## A whole example", 1)[1]
     example = re.search(r"```yaml\n(.*?)```", whole, re.S)
     assert example is not None
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(example.group(1), encoding="utf-8")
-    res = runner.invoke(app, ["config", "check", str(cfg)])
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(example.group(1), encoding="utf-8")
+    res = runner.invoke(app, ["config", "check", str(config_file)])
     assert res.exit_code == 0, res.output
     assert "tiers" in yaml.safe_load(example.group(1))
 

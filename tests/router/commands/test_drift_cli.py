@@ -137,8 +137,8 @@ def test_config_gives_threshold_reference_and_limits(
     ref = folders["root"] / "m.scores.json"
     if not ref.exists():
         runner.invoke(app, ["drift", "reference", "-t", str(folders["ref"]), "-o", str(ref)])
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(
         "tiers:\n"
         "  - {name: small, base_url: 'http://127.0.0.1:9/v1', model: s,"
         " price: {input_per_mtok: 0.6, output_per_mtok: 0.6}}\n"
@@ -149,14 +149,16 @@ def test_config_gives_threshold_reference_and_limits(
         f"monitoring:\n  reference: '{ref}'\n  drift: {{psi_limit: 5.0}}\n"
     )
     res = runner.invoke(
-        app, ["drift", "report", "-t", str(folders["shifted"]), "-c", str(cfg)], terminal_width=200
+        app,
+        ["drift", "report", "-t", str(folders["shifted"]), "-c", str(config_file)],
+        terminal_width=200,
     )
     # PSI can't reach 5: the score-drift detector is off; the share CUSUM still fires.
     assert res.exit_code == 1, res.output
     assert "score drift: PSI" not in res.output and "large share" in res.output
     assert "(now 0.6000)" in res.output
     res = runner.invoke(
-        app, ["drift", "report", "-t", str(folders["steady"]), "-c", str(cfg), "-p", "nope"]
+        app, ["drift", "report", "-t", str(folders["steady"]), "-c", str(config_file), "-p", "nope"]
     )
     assert res.exit_code == 2 and "no policy 'nope'" in res.output
 

@@ -54,14 +54,14 @@ def _config(tmp_path: Path, tiers: list[dict[str, Any]], **extra: Any) -> Path:
     return path
 
 
-def _trial(cfg: Path, out: Path, *args: str) -> Any:
+def _trial(config_file: Path, out: Path, *args: str) -> Any:
     return runner.invoke(
         app,
         [
             "levers",
             "trial",
             "-c",
-            str(cfg),
+            str(config_file),
             "--traces",
             str(GSM8K),
             "--reference",
@@ -80,9 +80,11 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def test_trial_measures_judges_and_a_rerun_resumes(echoes: dict[str, str], tmp_path: Path) -> None:
-    cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)])
+    config_file = _config(
+        tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
+    )
     out = tmp_path / "trial"
-    res = _trial(cfg, out, "--candidate", "cand:quantization")
+    res = _trial(config_file, out, "--candidate", "cand:quantization")
     assert res.exit_code == 0, res.output
     rows = _lines(out / "requests.jsonl")
     assert (
@@ -105,12 +107,12 @@ def test_trial_measures_judges_and_a_rerun_resumes(echoes: dict[str, str], tmp_p
     assert doc["reference"] == "ref" and doc["quantization"]["tier"] == "cand"
     assert doc["quantization"]["cost"] == pytest.approx(0.1)  # its price on its own tokens
 
-    again = _trial(cfg, out, "--candidate", "cand:quantization")
+    again = _trial(config_file, out, "--candidate", "cand:quantization")
     assert again.exit_code == 0, again.output
     assert len(_lines(out / "requests.jsonl")) == 8  # nothing redone
     assert len(_lines(out / "judgements.jsonl")) == len(judged)
 
-    other = _trial(cfg, out, "--candidate", "cand", "--max-tokens", "9")
+    other = _trial(config_file, out, "--candidate", "cand", "--max-tokens", "9")
     assert other.exit_code == 2
     assert "other settings" in other.stderr and "max_tokens" in other.stderr
 
@@ -119,17 +121,19 @@ def test_a_candidate_that_is_down_is_named_and_nothing_measured_is_lost(
     echoes: dict[str, str], tmp_path: Path
 ) -> None:
     down = f"http://127.0.0.1:{free_port()}/v1"
-    cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", down, 1.0)])
+    config_file = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", down, 1.0)])
     out = tmp_path / "trial"
-    res = _trial(cfg, out, "--candidate", "cand")
+    res = _trial(config_file, out, "--candidate", "cand")
     assert res.exit_code == 1
     error = res.stderr.strip().splitlines()[-1]
     assert error.startswith("error: tier 'cand' is down") and "rerun" in error
     assert [r["tier"] for r in _lines(out / "requests.jsonl")] == ["ref"] * 4
 
     # Once it is up, the rerun measures only what is missing.
-    cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)])
-    res = _trial(cfg, out, "--candidate", "cand")
+    config_file = _config(
+        tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
+    )
+    res = _trial(config_file, out, "--candidate", "cand")
     assert res.exit_code == 0, res.output
     assert sorted(r["tier"] for r in _lines(out / "requests.jsonl")) == ["cand"] * 4 + ["ref"] * 4
 
@@ -146,14 +150,16 @@ def test_a_trace_without_prompts_is_one_error_line(echoes: dict[str, str], tmp_p
             for i in range(3)
         )
     )
-    cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)])
+    config_file = _config(
+        tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
+    )
     res = runner.invoke(
         app,
         [
             "levers",
             "trial",
             "-c",
-            str(cfg),
+            str(config_file),
             "--traces",
             str(trace),
             "--reference",
@@ -175,7 +181,7 @@ def test_a_judge_that_answers_garbage_is_counted_unparsed_and_fails_the_gate(
 ) -> None:
     with VerdictServer() as judge:
         judge.app.mode = "garbage"
-        cfg = _config(
+        config_file = _config(
             tmp_path,
             [
                 _tier("ref", echoes["ref"], 10.0),
@@ -186,7 +192,7 @@ def test_a_judge_that_answers_garbage_is_counted_unparsed_and_fails_the_gate(
         )
         out = tmp_path / "trial"
         res = _trial(
-            cfg,
+            config_file,
             out,
             "--candidate",
             "cand",
@@ -214,10 +220,19 @@ def test_a_judge_that_answers_garbage_is_counted_unparsed_and_fails_the_gate(
 
 
 def test_the_gate_passes_and_fails_on_latency(echoes: dict[str, str], tmp_path: Path) -> None:
-    cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)])
+    config_file = _config(
+        tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
+    )
     out = tmp_path / "trial"
     ok = _trial(
-        cfg, out, "--candidate", "cand", "--max-quality-loss", "0.02", "--max-p95-latency-s", "30"
+        config_file,
+        out,
+        "--candidate",
+        "cand",
+        "--max-quality-loss",
+        "0.02",
+        "--max-p95-latency-s",
+        "30",
     )
     assert ok.exit_code == 0, ok.output
     assert "gate PASS cand: quality delta +0.000" in ok.output
@@ -227,7 +242,7 @@ def test_the_gate_passes_and_fails_on_latency(echoes: dict[str, str], tmp_path: 
     assert summary["gate"] == [
         {"row": "cand", "passed": True, "reasons": summary["gate"][0]["reasons"]}
     ]
-    strict = _trial(cfg, out, "--candidate", "cand", "--max-p95-latency-s", "0.000001")
+    strict = _trial(config_file, out, "--candidate", "cand", "--max-p95-latency-s", "0.000001")
     assert strict.exit_code == 1
     assert "gate FAIL cand: p95 latency" in strict.output
 
@@ -235,7 +250,7 @@ def test_the_gate_passes_and_fails_on_latency(echoes: dict[str, str], tmp_path: 
 def test_a_plan_runs_alone_then_combined_in_one_table(
     echoes: dict[str, str], tmp_path: Path
 ) -> None:
-    cfg = _config(
+    config_file = _config(
         tmp_path,
         [
             _tier("ref", echoes["ref"], 10.0),
@@ -263,7 +278,9 @@ def test_a_plan_runs_alone_then_combined_in_one_table(
         )
     )
     out = tmp_path / "trial"
-    res = runner.invoke(app, ["levers", "plan", str(plan), "-c", str(cfg), "--out", str(out)])
+    res = runner.invoke(
+        app, ["levers", "plan", str(plan), "-c", str(config_file), "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     names = [
         line.split()[0]
@@ -280,14 +297,14 @@ def test_a_plan_runs_alone_then_combined_in_one_table(
 
     # `trial --plan` is the same run: it resumes this one, nothing is measured again.
     again = runner.invoke(
-        app, ["levers", "trial", "--plan", str(plan), "-c", str(cfg), "--out", str(out)]
+        app, ["levers", "trial", "--plan", str(plan), "-c", str(config_file), "--out", str(out)]
     )
     assert again.exit_code == 0, again.output
     assert len(_lines(out / "requests.jsonl")) == 12
 
-    twice = _trial(cfg, out / "x", "--candidate", "ref")
+    twice = _trial(config_file, out / "x", "--candidate", "ref")
     assert twice.exit_code == 2 and "each tier once, and not the reference" in twice.stderr
-    lever = _trial(cfg, out / "x", "--candidate", "cand:pruning")
+    lever = _trial(config_file, out / "x", "--candidate", "cand:pruning")
     assert lever.exit_code == 2 and "LEVER one of quantization" in lever.stderr
 
     bad = tmp_path / "bad.yaml"
@@ -300,7 +317,9 @@ def test_a_plan_runs_alone_then_combined_in_one_table(
             }
         )
     )
-    res = runner.invoke(app, ["levers", "plan", str(bad), "-c", str(cfg), "--traces", str(GSM8K)])
+    res = runner.invoke(
+        app, ["levers", "plan", str(bad), "-c", str(config_file), "--traces", str(GSM8K)]
+    )
     assert res.exit_code == 2
     assert "combinations.0.small: unknown tier 'nope'" in res.stderr
 
@@ -308,9 +327,11 @@ def test_a_plan_runs_alone_then_combined_in_one_table(
 def test_what_if_uses_the_measured_levers_and_says_which_are_assumed(
     echoes: dict[str, str], tmp_path: Path
 ) -> None:
-    cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)])
+    config_file = _config(
+        tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
+    )
     out = tmp_path / "trial"
-    assert _trial(cfg, out, "--candidate", "cand:quantization").exit_code == 0
+    assert _trial(config_file, out, "--candidate", "cand:quantization").exit_code == 0
     res = runner.invoke(
         app,
         [
@@ -347,7 +368,7 @@ def test_speculative_acceptance_is_read_from_the_servers_counters(tmp_path: Path
     metrics = MetricsServer()
     try:
         with running_echo_upstream() as ref, running_echo_upstream("--delay-ms", "150") as spec:
-            cfg = _config(
+            config_file = _config(
                 tmp_path,
                 [
                     _tier("ref", ref, 10.0),
@@ -368,7 +389,7 @@ def test_speculative_acceptance_is_read_from_the_servers_counters(tmp_path: Path
 
             switch = threading.Thread(target=grow_counters, daemon=True)
             switch.start()
-            res = _trial(cfg, out, "--candidate", "spec:speculative", "--concurrency", "1")
+            res = _trial(config_file, out, "--candidate", "spec:speculative", "--concurrency", "1")
             switch.join(timeout=5)
     finally:
         metrics.close()
@@ -395,9 +416,11 @@ def test_failed_requests_are_counted_kept_and_retried(
         "3",
     )
     with running_echo_upstream(*faults, module="benchmarks.fault_upstream") as faulty:
-        cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", faulty, 1.0)])
+        config_file = _config(
+            tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", faulty, 1.0)]
+        )
         out = tmp_path / "trial"
-        res = _trial(cfg, out, "--candidate", "cand")
+        res = _trial(config_file, out, "--candidate", "cand")
     assert res.exit_code == 0, res.output
     errors = sorted(
         r["error"] or "ok" for r in _lines(out / "requests.jsonl") if r["tier"] == "cand"
@@ -411,7 +434,9 @@ def test_failed_requests_are_counted_kept_and_retried(
     }, errors
     assert "Traceback" not in res.output
     # Once the server answers, a rerun measures the failed ones again.
-    cfg = _config(tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)])
-    assert _trial(cfg, out, "--candidate", "cand").exit_code == 0
+    config_file = _config(
+        tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
+    )
+    assert _trial(config_file, out, "--candidate", "cand").exit_code == 0
     rows = _lines(out / "requests.jsonl")
     assert len(rows) == 12 and all(r["error"] is None for r in rows[-4:])

@@ -24,10 +24,10 @@ from benchmarks.echo_upstream import running_echo_upstream
 from classifiers.config import DEFAULT_MODEL
 from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.inference import DifficultyScorer
-from classifiers.score_reference import reference_path_for
+from classifiers.model_files import ModelFiles
 from router.cli import app
-from router.commands.promote import history_path, prev_path, sha256
 from router.config import load_config
+from router.learning.promotion import history_path, sha256
 from tests.support.flowing import Answer, first_scored, requests_flowing
 from tests.support.proxy import ProxyThread, tier
 from tests.support.waiting import wait_for
@@ -47,7 +47,7 @@ def _model(folder: Path, name: str, inverted: bool = False) -> Path:
     if inverted:
         card["class_values"] = card["class_values"][::-1]  # score -> 1 - score
     out.with_suffix(".json").write_text(json.dumps(card))
-    shutil.copyfile(reference_path_for(DEFAULT_MODEL), reference_path_for(out))
+    shutil.copyfile(ModelFiles(DEFAULT_MODEL).scores, ModelFiles(out).scores)
     return out
 
 
@@ -135,7 +135,7 @@ def test_promote_refuses_a_model_not_shown_better(tmp_path: Path, labelled: Path
     assert f"on {ROWS} labelled requests" in refusal[0] and "must lie above 0" in refusal[0]
     assert "APGR gain -" in refusal[0] and "[" in refusal[0]  # the interval, and it is a loss
     assert config.read_bytes() == before and not history_path(config).exists()
-    assert not prev_path(bad).exists()
+    assert not ModelFiles(bad).prev.onnx.exists()
 
 
 def test_promote_swaps_a_better_model_in_and_rollback_restores(
@@ -168,10 +168,10 @@ def test_promote_swaps_a_better_model_in_and_rollback_restores(
     threshold = cfg.policies["main"].model_extra["threshold"]  # type: ignore[index]
     assert threshold != 0.6
     assert float(np.mean(_scores(good, labelled) >= threshold)) == pytest.approx(share, abs=0.01)
-    saved = prev_path(good.resolve())
+    saved = ModelFiles(good.resolve()).prev.onnx
     assert saved.is_file() and sha256(saved) == sha256(bad)
     # The previous model's drift reference travels with its copy.
-    assert reference_path_for(saved).read_bytes() == reference_path_for(bad).read_bytes()
+    assert ModelFiles(saved).scores.read_bytes() == ModelFiles(bad).scores.read_bytes()
     history = json.loads(history_path(config).read_text())["promotions"]
     assert len(history) == 1 and history[0]["gate"]["promote"] and not history[0]["gate"]["forced"]
 
@@ -208,7 +208,10 @@ def test_rollback_uses_the_saved_copy_when_the_old_file_changed(
     result = runner.invoke(app, ["classifier", "rollback", "--config", str(config)])
     assert result.exit_code == 0, result.output
     restored = load_config(config).classifier.model_path
-    assert restored == str(prev_path(good.resolve())) and "restoring its copy" in result.output
+    assert (
+        restored == str(ModelFiles(good.resolve()).prev.onnx)
+        and "restoring its copy" in result.output
+    )
 
 
 def test_promote_bad_input_exits_2(tmp_path: Path, labelled: Path) -> None:

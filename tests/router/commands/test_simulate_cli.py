@@ -29,8 +29,8 @@ def _run(*args: str) -> tuple[int, str]:
 
 
 def test_tune_writes_threshold_into_policy(tmp_path: Path) -> None:
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=0.5)))
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(yaml.safe_dump(router_config_dict(threshold=0.5)))
     out_json, chart = tmp_path / "tune.json", tmp_path / "pareto.html"
     code, out = _run(
         "tune",
@@ -39,7 +39,7 @@ def test_tune_writes_threshold_into_policy(tmp_path: Path) -> None:
         "--target-quality",
         "0.95",
         "--write",
-        str(cfg),
+        str(config_file),
         "--bootstrap",
         "200",
         "--json",
@@ -53,7 +53,7 @@ def test_tune_writes_threshold_into_policy(tmp_path: Path) -> None:
     ci = result["ci95"]["quality_ratio"]
     assert ci["low"] <= result["quality_ratio"] <= ci["high"]
     assert "threshold" in out and "95% CI" in out and f"{result['threshold']:.4f}" in out
-    written = load_config(cfg).policies["balanced"].model_extra["threshold"]
+    written = load_config(config_file).policies["balanced"].model_extra["threshold"]
     assert written == pytest.approx(result["threshold"])
     assert "data:image/png;base64," in chart.read_text()
 
@@ -62,8 +62,8 @@ def test_tune_write_keeps_environment_overrides_out_of_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Bug 1: `tune --write` saved COST_ROUTER__* values into the user's YAML (8080 became 9999).
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=0.5, server={"port": 8080})))
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(yaml.safe_dump(router_config_dict(threshold=0.5, server={"port": 8080})))
     monkeypatch.setenv("COST_ROUTER__SERVER__PORT", "9999")
     code, out = _run(
         "tune",
@@ -72,15 +72,15 @@ def test_tune_write_keeps_environment_overrides_out_of_the_file(
         "--max-large-share",
         "0.3",
         "--write",
-        str(cfg),
+        str(config_file),
         "--bootstrap",
         "0",
     )
     assert code == 0, out
-    written = yaml.safe_load(cfg.read_text())
+    written = yaml.safe_load(config_file.read_text())
     assert written["server"] == {"port": 8080}
     assert written["policies"]["balanced"]["threshold"] != 0.5
-    assert load_config(cfg).server.port == 9999  # the override still applies when loading
+    assert load_config(config_file).server.port == 9999  # the override still applies when loading
 
 
 def _simulate_summary(tmp_path: Path, *args: str) -> dict:
@@ -94,9 +94,9 @@ def test_environment_overrides_apply_to_the_simulators_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Without --config, COST_ROUTER__* overrides apply to the defaults as to a config file.
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=0.9)))
-    at_09 = _simulate_summary(tmp_path, "--config", str(cfg))
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(yaml.safe_dump(router_config_dict(threshold=0.9)))
+    at_09 = _simulate_summary(tmp_path, "--config", str(config_file))
     default = _simulate_summary(tmp_path)
     assert at_09["share"] != default["share"]  # 0.9 routes this trace unlike the card's threshold
     # The defaults have no `policies:` (as the demo): an override names the type, as it would there.
@@ -127,9 +127,9 @@ def test_the_module_defaults_are_unchanged_by_environment_overrides(
 
 def test_tune_and_write_a_load_shedding_policy(tmp_path: Path) -> None:
     # Bug 2: a `threshold` policy with `load_shed` "has no single threshold to sweep".
-    cfg = tmp_path / "router.yaml"
+    config_file = tmp_path / "router.yaml"
     shed = {**balanced(0.5), "load_shed": {"max_waiting": 4, "margin": 0.1}}
-    cfg.write_text(
+    config_file.write_text(
         yaml.safe_dump(router_config_dict(policies={"balanced": balanced(0.5), "shed": shed}))
     )
     code, out = _run(
@@ -141,12 +141,12 @@ def test_tune_and_write_a_load_shedding_policy(tmp_path: Path) -> None:
         "--policy",
         "shed",
         "--write",
-        str(cfg),
+        str(config_file),
         "--bootstrap",
         "0",
     )
     assert code == 0, out
-    entry = yaml.safe_load(cfg.read_text())["policies"]["shed"]
+    entry = yaml.safe_load(config_file.read_text())["policies"]["shed"]
     assert entry["load_shed"] == shed["load_shed"] and entry["threshold"] != 0.5
     assert "wrote policies.shed.threshold" in out
 
@@ -154,9 +154,9 @@ def test_tune_and_write_a_load_shedding_policy(tmp_path: Path) -> None:
 def test_bad_config_is_a_clean_error(tmp_path: Path) -> None:
     data = router_config_dict()
     del data["tiers"][1]["price"]
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(yaml.safe_dump(data))
-    code, out = _run("simulate", "--traces", str(GSM8K), "--config", str(cfg))
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(yaml.safe_dump(data))
+    code, out = _run("simulate", "--traces", str(GSM8K), "--config", str(config_file))
     assert code == 2
     assert "tiers.1.price" in out
 
@@ -171,19 +171,19 @@ def test_tune_unreachable_target_is_a_clean_error() -> None:
 def test_simulate_and_budgets(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     write_jsonl_trace(trace, 60)
-    cfg = tmp_path / "router.yaml"
+    config_file = tmp_path / "router.yaml"
     data = router_config_dict(
         threshold=0.2, teams={"alpha": {"budget": {"limit_usd": 0.002, "period": "daily"}}}
     )
     data["policies"]["everything-large"] = {"type": "fixed", "tier": "large"}
-    cfg.write_text(yaml.safe_dump(data))
+    config_file.write_text(yaml.safe_dump(data))
     decisions = tmp_path / "d.jsonl"
     code, out = _run(
         "simulate",
         "-t",
         str(trace),
         "-c",
-        str(cfg),
+        str(config_file),
         "--budgets",
         "--compare",
         "--decisions",
@@ -209,14 +209,14 @@ def test_what_if_lists_each_lever_before_combinations(tmp_path: Path) -> None:
     write_jsonl_trace(trace, 80, rate_per_s=3)
     # A threshold that routes part of this trace large, whatever the model's score scale.
     scores = trace_scores(load_trace([trace]), None)
-    cfg = tmp_path / "router.yaml"
-    cfg.write_text(yaml.safe_dump(router_config_dict(threshold=float(np.median(scores)))))
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(yaml.safe_dump(router_config_dict(threshold=float(np.median(scores)))))
     code, out = _run(
         "what-if",
         "-t",
         str(trace),
         "-c",
-        str(cfg),
+        str(config_file),
         "--json",
         str(tmp_path / "w.json"),
         "--chart",

@@ -203,7 +203,7 @@ def test_an_unreadable_reference_is_named_at_startup(echo: str, tmp_path: Path) 
         monitoring={"reference": str(bad)},
         policies={"cal": {"type": "threshold", "threshold": 0.5}},
     )
-    from router.server.app import build_state
+    from router.proxy.build import build_state
 
     with pytest.raises(ConfigError, match=r"monitoring\.reference: .*bad\.scores\.json"):
         build_state(cfg)

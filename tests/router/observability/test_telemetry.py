@@ -249,7 +249,7 @@ def test_with_tracing_off_our_tracing_is_not_imported(tmp_path: Path) -> None:
     # A fresh interpreter: this one has imported OpenTelemetry for the tests above.
     code = f"""
 import asyncio, sys
-from router.server.app import build_state, stop_state
+from router.proxy.build import build_state, stop_state
 from tests.support.proxy import make_config, tier
 from pathlib import Path
 state = build_state(make_config([tier("small", "http://127.0.0.1:9/v1")], Path({str(tmp_path)!r})))
@@ -258,8 +258,9 @@ asyncio.run(stop_state(state))
 # redis-py imports the OpenTelemetry API (and metrics SDK) itself when they are installed; ours,
 # the tracing SDK and the exporters, stay out.
 ours = ("opentelemetry.sdk.trace", "opentelemetry.exporter")
-loaded = sorted(m for m in sys.modules if m == "router.observability.telemetry" or
-m.startswith(ours)) assert not loaded, loaded
+ours_too = "router.observability.telemetry"
+loaded = sorted(m for m in sys.modules if m == ours_too or m.startswith(ours))
+assert not loaded, loaded
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -458,7 +458,7 @@ def test_the_body_sent_carries_the_reserved_bound(
     """Whatever bound fields a body has, every one the upstream could honour (either name) equals
     the bound the reservation is computed from."""
     config = make_config([tier("main", "http://127.0.0.1:1/v1", price=PRICE)], tmp_path)
-    gate = BudgetGate(InMemoryBudgetStore(60), config.budgets, {}, [], config.tiers)
+    gate = BudgetGate(InMemoryBudgetStore(60), config.budgets, {}, [], config.tiers_by_name)
     base = (
         {"model": "main", "messages": PROMPT}
         if endpoint.startswith("chat")

@@ -1,4 +1,5 @@
-"""Launch profiles: command lines for every documented combination, rejection of impossible ones."""
+"""Launch profiles: command lines for every documented combination, rejection of impossible ones.
+The `backends plan|launch` commands are tested in tests/router/commands/test_backends_cli.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from backends.config import TierConfig
 from backends.launch import (
@@ -18,7 +18,6 @@ from backends.launch import (
     resolve_model_path,
 )
 from backends.launch_config import LaunchConfig, launch_problems
-from router.cli import app
 from router.config import config_from_dict, load_config
 from trace_format.config_base import ConfigError
 
@@ -346,42 +345,3 @@ def test_example_gpu_node_config_plans_both_servers() -> None:
 def test_port_mismatch_is_a_warning() -> None:
     plan = plan_tier(tier({"model": "org/m", "port": 9000}))
     assert plan.warnings and "differs from launch.port 9000" in plan.warnings[0]
-
-
-def test_cli_plan_prints_commands() -> None:
-    result = CliRunner().invoke(app, ["backends", "plan", "--config", str(EXAMPLE)])
-    assert result.exit_code == 0, result.output
-    assert "vllm serve meta-llama/Llama-3.3-70B-Instruct" in result.output
-    assert "--speculative-config" in result.output
-    assert "# tier small (vllm)" in result.output
-
-
-def test_cli_plan_without_config_shows_the_embedded_demo() -> None:
-    result = CliRunner().invoke(app, ["backends", "plan"])
-    assert result.exit_code == 0, result.output
-    assert result.output.count("-m llama_cpp.server") == 2
-    assert "--draft_model prompt-lookup-decoding" in result.output  # the demo's large tier
-    assert "metrics none (readiness from /v1/models only)" in result.output
-
-
-def test_cli_plan_bad_profile_exits_2_naming_the_key(tmp_path: Path) -> None:
-    cfg = tmp_path / "bad.yaml"
-    cfg.write_text(
-        "tiers:\n  - name: big\n    base_url: http://h:8000/v1\n    model: m\n"
-        "    price: {input_per_mtok: 1, output_per_mtok: 1}\n"
-        "    launch: {model: org/m, speculative: {method: eagle3}}\n"
-    )
-    result = CliRunner().invoke(app, ["backends", "plan", "--config", str(cfg)])
-    assert result.exit_code == 2  # bad input (router/commands/common.py)
-    assert "tiers.0.launch" in result.output and "speculative.draft_model" in result.output
-
-
-def test_cli_launch_refuses_when_vllm_is_absent() -> None:
-    # vLLM is not installed in this environment (no GPU): launch must say so and start nothing.
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here")
-    result = CliRunner().invoke(app, ["backends", "launch", "--config", str(EXAMPLE)])
-    assert result.exit_code == 1
-    assert "vllm is not installed" in result.output

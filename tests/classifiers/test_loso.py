@@ -1,7 +1,8 @@
-"""Leave-one-source-out (classifiers/loso.py, `classifier train --report loso`): each held-out
-source is scored only by models that never saw it, every recipe on the same rows, and the chosen
-recipe keeps a part only when taking it out lowers the mean held-out APGR. Real data, cut small
-(a few rows of GSM8K and of four MMLU subjects) so each fit takes a fraction of a second."""
+"""Leave-one-source-out (classifiers/loso.py): each held-out source is scored only by models that
+never saw it, every recipe on the same rows, and the chosen recipe keeps a part only when taking
+it out lowers the mean held-out APGR. Real data, cut small (a few rows of GSM8K and of four MMLU
+subjects) so each fit takes a fraction of a second. `classifier train --report loso` is tested
+with the commands (tests/router/commands/test_classifier_train_cli.py)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from classifiers.dataset import RoutingDataset, load_dataset, routellm_data_dir
 from classifiers.evaluate import Estimate
 from classifiers.loso import LosoReport, Result, holdouts, loso_report
 from classifiers.train import TrainConfig
-from router.cli import app
 
 DATA = routellm_data_dir()
 SUBJECTS = ["mmlu_anatomy.csv", "mmlu_astronomy.csv", "mmlu_marketing.csv", "mmlu_virology.csv"]
 ROWS = 14  # per file
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_loso_folder(root: Path) -> Path:
     """<root>/gsm8k/gsm8k_responses.csv and <root>/mmlu/<subject>.csv, ROWS rows each."""
-    root = tmp_path_factory.mktemp("loso")
     for bench, files in (("gsm8k", ["gsm8k_responses.csv"]), ("mmlu", SUBJECTS)):
         (root / bench).mkdir()
         for name in files:
@@ -37,6 +34,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
             with (root / bench / name).open("w", newline="", encoding="utf-8") as fh:
                 csv.writer(fh).writerows(rows)
     return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_loso_folder(tmp_path_factory.mktemp("loso"))
 
 
 @pytest.fixture(scope="module")
@@ -157,50 +159,3 @@ def test_removal_effect_combines_the_holdouts() -> None:
     assert effect.high - effect.value == pytest.approx(0.02 / np.sqrt(2))
     assert report.removal_effect("no_open_weight") is None
     assert any("without open_weight: no holdout tells" in line for line in report.choose()[1])
-
-
-def test_train_report_loso_prints_the_table(folder: Path, tmp_path: Path) -> None:
-    # One cheap recipe (the full set is the benchmark's: benchmarks/loso.py).
-    result = CliRunner().invoke(
-        app,
-        [
-            "classifier",
-            "train",
-            str(folder),
-            "--folds",
-            "0",
-            "--out",
-            str(tmp_path / "m.onnx"),
-            "--report",
-            "loso",
-            "--loso-recipe",
-            "words_only",
-            "--bootstrap",
-            "20",
-            "--include-contaminated",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    assert "leave-one-source-out" in result.stdout and "mean held-out APGR" in result.stdout
-    rows = [ln for ln in result.stdout.splitlines() if ln.startswith("words_only ")]
-    assert len(rows) == 4  # one line per holdout
-    assert "chosen: words_only" in result.stdout and (tmp_path / "m.onnx").is_file()
-    unknown = CliRunner().invoke(
-        app, ["classifier", "train", str(folder), "--report", "loso", "--loso-recipe", "nope"]
-    )
-    assert unknown.exit_code == 2 and "--loso-recipe: unknown nope" in unknown.stderr
-    bad = CliRunner().invoke(
-        app,
-        [
-            "classifier",
-            "train",
-            str(folder / "gsm8k"),
-            "--folds",
-            "0",
-            "--out",
-            str(tmp_path / "g.onnx"),
-            "--report",
-            "loso",
-        ],
-    )
-    assert bad.exit_code == 2 and "--report loso: leave-one-source-out needs" in bad.stderr

@@ -1,16 +1,14 @@
-"""A/B report statistics on synthetic traces with known truth, and the `ab report` command."""
+"""A/B report statistics on synthetic traces with known truth. The `ab report|assign` commands are
+tested in tests/router/commands/test_ab_cli.py."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-from typer.testing import CliRunner
 
-from router.cli import app
 from simulations.ab_report import (
     ReportError,
     build_report,
@@ -136,48 +134,6 @@ def _write(path: Path, recs: list[dict]) -> None:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
 
 
-def test_cli_report_png_html(tmp_path: Path) -> None:
-    rng = np.random.default_rng(2)
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    recs = _records("control", 300, 0.2, rng, 0.6) + _records("treat", 300, 0.5, rng, 0.6)
-    other = [{**r, "experiment": "other"} for r in _records("x", 50, 0.5, rng, 0.5, 9000)]
-    _write(traces / "requests.jsonl.1", recs[:250])
-    _write(traces / "requests.jsonl", recs[250:] + other)
-    _write(traces / "feedback.jsonl", [{"request_id": "control-0", "score": 0.0}])
-    assert len(load_experiment([traces], "exp")) == 600
-    runner = CliRunner()
-    png, html = tmp_path / "c.png", tmp_path / "c.html"
-    r = runner.invoke(
-        app, ["ab", "report", "--traces", str(traces), "--experiment", "exp", "--out", str(png)]
-    )
-    assert r.exit_code == 0, r.output
-    assert "600 requests" in r.output and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = runner.invoke(
-        app,
-        [
-            "ab",
-            "report",
-            "--traces",
-            str(traces / "requests.jsonl"),
-            "--traces",
-            str(traces / "requests.jsonl.1"),
-            "--experiment",
-            "exp",
-            "--out",
-            str(html),
-        ],
-    )
-    assert r.exit_code == 0, r.output
-    page = html.read_text()
-    assert "data:image/png;base64," in page and "<pre>" not in page
-    cells = re.findall(r"<td[^>]*>([^<]*)</td>", page)  # real tables, not a text dump
-    assert "share to large" in cells and "treat - control" in cells and "Welch t" in cells
-    assert page.index("<table>") < page.index("data:image/png;base64,")
-    r = runner.invoke(app, ["ab", "report", "-t", str(traces), "--experiment", "nope"])
-    assert r.exit_code == 2 and "no traced requests for experiment 'nope'" in r.output
-
-
 def test_reads_through_the_one_trace_reader(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     recs = _records("a", 20, 0.3, rng, 0.5)
@@ -190,37 +146,6 @@ def test_reads_through_the_one_trace_reader(tmp_path: Path) -> None:
         load_experiment([tmp_path], "exp")
     with pytest.raises(ReportError, match="trace file not found"):
         load_experiment([tmp_path / "nope.jsonl"], "exp")
-
-
-def test_cli_assign_matches_experiment(tmp_path: Path) -> None:
-    from policies.experiments import Experiment
-    from router.config import load_config
-
-    config_file = tmp_path / "r.yaml"
-    config_file.write_text(
-        "tiers:\n"
-        "  - {name: s, base_url: 'http://s', model: m, price: {input_per_mtok: 1, "
-        "output_per_mtok: 1}}\n"
-        "policies: {a: {type: fixed}, b: {type: fixed}}\n"
-        "default_policy: a\n"
-        "experiments:\n"
-        "  - {name: e, unit: team, arms: {x: {policy: a, weight: 1}, y: {policy: b, weight: 2}}}\n"
-    )
-    r = CliRunner().invoke(
-        app, ["ab", "assign", "-c", str(config_file), "--experiment", "e", "t1", "t2", "t3"]
-    )
-    assert r.exit_code == 0, r.output
-    exp = Experiment(load_config(config_file, environ={}).experiments[0])
-    want = [f"{u}\t{exp.arm_for(u)}\t{exp.policy_of(exp.arm_for(u))}" for u in ("t1", "t2", "t3")]
-    assert r.output.splitlines() == want
-    r = CliRunner().invoke(
-        app, ["ab", "assign", "--config", str(config_file), "--experiment", "zz", "t1"]
-    )
-    assert r.exit_code == 2 and "no experiment 'zz'" in r.output  # bad input
-    r = CliRunner().invoke(
-        app, ["ab", "report", "-t", str(tmp_path), "-c", str(config_file), "--experiment", "zz"]
-    )
-    assert r.exit_code == 2 and "no experiment 'zz'" in r.output
 
 
 def _clustered_records(
@@ -327,38 +252,3 @@ def test_per_request_assignment_is_unchanged() -> None:
         "bootstrap",
     }
     assert "intervals treat requests as independent" in format_table(plain)
-
-
-def test_cli_report_resamples_the_configs_unit(tmp_path: Path) -> None:
-    rng = np.random.default_rng(11)
-    recs = _clustered_records("control", 15, 8, rng) + _clustered_records("treat", 15, 8, rng)
-    _write(tmp_path / "requests.jsonl", recs)
-    config_file = tmp_path / "r.yaml"
-    config_file.write_text(
-        "tiers:\n"
-        "  - {name: small, base_url: 'http://s', model: m, price: {input_per_mtok: 1, "
-        "output_per_mtok: 1}}\n"
-        "  - {name: large, base_url: 'http://l', model: m, price: {input_per_mtok: 9, "
-        "output_per_mtok: 9}}\n"
-        "policies: {a: {type: fixed}, b: {type: fixed, tier: large}}\n"
-        "default_policy: a\n"
-        "experiments:\n"
-        "  - {name: exp, unit: user, arms: {control: {policy: a, weight: 1}, "
-        "treat: {policy: b, weight: 1}}}\n"
-    )
-    r = CliRunner().invoke(
-        app,
-        [
-            "ab",
-            "report",
-            "--traces",
-            str(tmp_path),
-            "--experiment",
-            "exp",
-            "--config",
-            str(config_file),
-        ],
-    )
-    assert r.exit_code == 0, r.output
-    assert "assignment unit user (the experiment's unit in the config)" in r.output
-    assert "traffic split (users per arm)" in r.output and "cluster bootstrap" in r.output

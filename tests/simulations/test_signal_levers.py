@@ -1,23 +1,21 @@
-"""Measured signals feed the what-if simulator: from a saved snapshot or polled live."""
+"""Measured signals feed the what-if simulator: from a saved snapshot or polled live. The commands
+(`what-if --signals`, `backends signals --save`) are tested in tests/router/commands/."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from backends.config import SignalsConfig
 from backends.metrics_scrape import parse_metrics
-from backends.signal_snapshots import load_snapshot, save_snapshot
+from backends.signal_snapshots import save_snapshot
 from backends.tier_signals import TierSignals, derive
-from router.cli import app
 from router.config import config_from_dict
 from simulations.latency import TierLatency, spec_speedup, with_speculative
 from simulations.signal_levers import apply_measurements, measured_levers, measured_tiers
 from simulations.whatif import Levers
 from tests.support.metrics_server import FIRST, LATER, MetricsServer
-from tests.support.sim import write_jsonl_trace
 
 LEVERS = Levers(small=TierLatency(0.12, 0.008, 16), large=TierLatency(0.4, 0.025, 16), spec_k=5)
 
@@ -84,43 +82,6 @@ def test_live_source_polls_the_configs_tiers() -> None:
         levers, notes = measured_levers(LEVERS, config.tiers, "live", config.signals)
         assert levers == LEVERS
         assert any("large: metrics but no finished requests" in n for n in notes)
-    finally:
-        server.close()
-
-
-def test_what_if_cli_takes_a_saved_snapshot(tmp_path: Path) -> None:
-    trace = tmp_path / "trace.jsonl"
-    write_jsonl_trace(trace, 30)
-    snap = tmp_path / "signals.json"
-    save_snapshot(snap, {"large": measured_large()})
-    result = CliRunner().invoke(app, ["what-if", "--traces", str(trace), "--signals", str(snap)])
-    assert result.exit_code == 0, result.output
-    assert "large: ttft 300.0 ms per-token 10.00 ms spec acceptance 0.750" in result.output
-    assert "acceptance 0.75" in result.output  # the what-if report uses the measured rate
-
-    bad = CliRunner().invoke(
-        app, ["what-if", "--traces", str(trace), "--signals", str(tmp_path / "none.json")]
-    )
-    assert bad.exit_code == 2 and "cannot read signals snapshot" in bad.output
-
-
-def test_backends_signals_cli_saves_a_snapshot(tmp_path: Path) -> None:
-    server = MetricsServer()
-    try:
-        root = f"http://127.0.0.1:{server.port}"
-        config_file = tmp_path / "router.yaml"
-        config_file.write_text(
-            "tiers:\n"
-            f"  - {{name: large, base_url: '{root}/v1', model: l, metrics_url: '{root}/metrics',"
-            " price: {input_per_mtok: 10, output_per_mtok: 30}}\n"
-        )
-        snap = tmp_path / "snap.json"
-        args = ["backends", "signals", "--config", str(config_file), "--interval", "0.05"]
-        args += ["--save", str(snap)]
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 0, result.output
-        assert "large: ok" in result.output and "waiting=12" in result.output
-        assert load_snapshot(snap)["large"].waiting == 12.0
     finally:
         server.close()
 

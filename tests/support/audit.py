@@ -202,14 +202,14 @@ class Audit:
 
 
 def audit_budgets(
-    cfg: BudgetsConfig,
+    settings: BudgetsConfig,
     limits: Mapping[str, BudgetLimit | None],
     told: Told,
     trace_paths: Iterable[Path] = (),
     settle_timeout_s: float = 15.0,
 ) -> Audit:
     """Wait until no reservation is live (settles run after the answer is sent) and every untold
-    request's trace is on disk, then read the figures. `cfg` is the proxies' budgets section
+    request's trace is on disk, then read the figures. `settings` is the proxies' budgets section
     (the audit builds its own store from it); `limits` the configured limit of each team."""
     paths = list(trace_paths)
     untold = set(told.untold())
@@ -222,7 +222,7 @@ def audit_budgets(
     traces = trace_costs(paths, untold) if untold else {}
 
     async def run() -> Audit:
-        store, _ = build_stores(cfg)  # the key store shares the budget store's client
+        store, _ = build_stores(settings)  # the key store shares the budget store's client
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settle_timeout_s
@@ -238,7 +238,7 @@ def audit_budgets(
 
 
 def check_budget_invariant(
-    cfg: BudgetsConfig,
+    settings: BudgetsConfig,
     limits: Mapping[str, BudgetLimit | None],
     told: Told,
     trace_paths: Iterable[Path] = (),
@@ -246,7 +246,7 @@ def check_budget_invariant(
 ) -> Audit:
     """`audit_budgets`, then AssertionError listing every breach of the invariant (and the
     figures) if there is one."""
-    audit = audit_budgets(cfg, limits, told, trace_paths, settle_timeout_s)
+    audit = audit_budgets(settings, limits, told, trace_paths, settle_timeout_s)
     breaches = audit.breaches()
     assert not breaches, (
         "budget audit invariant broken:\n  "

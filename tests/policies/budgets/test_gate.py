@@ -17,7 +17,7 @@ CHAT = "chat/completions"
 BODY = {"model": "auto", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def config(limit: float, downgrade: bool = True, **team: Any) -> RouterConfig:
+def router_config(limit: float, downgrade: bool = True, **team: Any) -> RouterConfig:
     tier = {"kind": "replay", "replay_trace": "t.jsonl"}
     return config_from_dict(
         {
@@ -42,8 +42,10 @@ def config(limit: float, downgrade: bool = True, **team: Any) -> RouterConfig:
     )
 
 
-def gate_for(cfg: RouterConfig) -> BudgetGate:
-    return BudgetGate(InMemoryBudgetStore(60), cfg.budgets, cfg.teams, cfg.keys, cfg.tiers_by_name)
+def gate_for(config: RouterConfig) -> BudgetGate:
+    return BudgetGate(
+        InMemoryBudgetStore(60), config.budgets, config.teams, config.keys, config.tiers_by_name
+    )
 
 
 def names(tiers: list[Any]) -> list[str]:
@@ -51,51 +53,51 @@ def names(tiers: list[Any]) -> list[str]:
 
 
 def test_the_chain_as_chosen_when_it_fits() -> None:
-    cfg = config(1.0)
-    gate = gate_for(cfg)
-    small, large = cfg.tier("small"), cfg.tier("large")
+    config = router_config(1.0)
+    gate = gate_for(config)
+    small, large = config.tier("small"), config.tier("large")
     admitted = asyncio.run(gate.reserve("r1", Identity("a"), BODY, [small, large], endpoint=CHAT))
     assert names(admitted.chain) == ["small", "large"] and not admitted.downgraded
 
 
 def test_a_pricier_fallback_is_dropped_when_only_the_first_tier_fits() -> None:
-    cfg = config(0.005)  # small's worst case (~$0.0002) fits, large's (~$0.02) does not
-    small, large = cfg.tier("small"), cfg.tier("large")
+    config = router_config(0.005)  # small's worst case (~$0.0002) fits, large's (~$0.02) does not
+    small, large = config.tier("small"), config.tier("large")
     admitted = asyncio.run(
-        gate_for(cfg).reserve("r1", Identity("a"), BODY, [small, large], endpoint=CHAT)
+        gate_for(config).reserve("r1", Identity("a"), BODY, [small, large], endpoint=CHAT)
     )
     assert names(admitted.chain) == ["small"] and not admitted.downgraded
 
 
 def test_downgrade_to_a_cheaper_tier_of_the_policy() -> None:
-    cfg = config(0.005)
-    small, large = cfg.tier("small"), cfg.tier("large")
+    config = router_config(0.005)
+    small, large = config.tier("small"), config.tier("large")
     admitted = asyncio.run(
-        gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
+        gate_for(config).reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
     )
     assert names(admitted.chain) == ["small"] and admitted.downgraded
 
 
 def test_nothing_fits_or_downgrade_off_is_429() -> None:
-    cfg = config(0.005, downgrade=False)
-    small, large = cfg.tier("small"), cfg.tier("large")
+    config = router_config(0.005, downgrade=False)
+    small, large = config.tier("small"), config.tier("large")
     with pytest.raises(RouterError) as err:
         asyncio.run(
-            gate_for(cfg).reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
+            gate_for(config).reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
         )
     assert err.value.status == 429 and err.value.code == "budget_exceeded"
     with pytest.raises(RouterError):
         asyncio.run(
-            gate_for(config(0.0)).reserve(
+            gate_for(router_config(0.0)).reserve(
                 "r1", Identity("a"), BODY, [large], [small], endpoint=CHAT
             )
         )
 
 
-def refusal(gate: BudgetGate, cfg: RouterConfig, request_id: str) -> RouterError:
+def refusal(gate: BudgetGate, config: RouterConfig, request_id: str) -> RouterError:
     with pytest.raises(RouterError) as err:
         asyncio.run(
-            gate.reserve(request_id, Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT)
+            gate.reserve(request_id, Identity("a"), BODY, [config.tier("large")], endpoint=CHAT)
         )
     assert err.value.status == 429 and err.value.code == "budget_exceeded"
     return err.value
@@ -103,8 +105,8 @@ def refusal(gate: BudgetGate, cfg: RouterConfig, request_id: str) -> RouterError
 
 def test_a_worst_case_above_the_whole_limit_says_so_and_has_no_retry_after() -> None:
     # large's worst case for BODY: (~100 prompt + 100) tokens x $100/M = ~$0.02 > $0.005.
-    cfg = config(0.005, downgrade=False)
-    err = refusal(gate_for(cfg), cfg, "r1")
+    config = router_config(0.005, downgrade=False)
+    err = refusal(gate_for(config), config, "r1")
     assert "retry-after" not in err.headers  # nothing was spent: no wait ever makes it fit
     assert "worst case $0.0" in err.message and "100 completion tokens" in err.message
     assert "the daily spend limit $0.005 itself" in err.message
@@ -112,37 +114,37 @@ def test_a_worst_case_above_the_whole_limit_says_so_and_has_no_retry_after() -> 
 
 
 def test_spent_budget_says_what_is_left_and_retries_after_the_reset() -> None:
-    cfg = config(0.03, downgrade=False)
-    gate = gate_for(cfg)
-    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT))
+    config = router_config(0.03, downgrade=False)
+    gate = gate_for(config)
+    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [config.tier("large")], endpoint=CHAT))
     asyncio.run(gate.settle("r1", 0.015, 100))
-    err = refusal(gate, cfg, "r2")
+    err = refusal(gate, config, "r2")
     assert "what is left of the daily spend limit $0.03, $0.015" in err.message
     assert 1 <= int(err.headers["retry-after"]) <= 86400  # the daily reset
 
 
 def test_held_by_requests_in_flight_retries_soon() -> None:
-    cfg = config(0.03, downgrade=False)
-    gate = gate_for(cfg)
-    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT))
-    err = refusal(gate, cfg, "r2")  # r1 holds ~$0.02 of $0.03; nothing is spent yet
+    config = router_config(0.03, downgrade=False)
+    gate = gate_for(config)
+    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [config.tier("large")], endpoint=CHAT))
+    err = refusal(gate, config, "r2")  # r1 holds ~$0.02 of $0.03; nothing is spent yet
     assert "held by requests in flight" in err.message
     assert err.headers["retry-after"] == "1"
 
 
 def test_a_spent_total_limit_never_resets_so_no_retry_after() -> None:
-    cfg = config(0.03, downgrade=False, period="total")
-    gate = gate_for(cfg)
-    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [cfg.tier("large")], endpoint=CHAT))
+    config = router_config(0.03, downgrade=False, period="total")
+    gate = gate_for(config)
+    asyncio.run(gate.reserve("r1", Identity("a"), BODY, [config.tier("large")], endpoint=CHAT))
     asyncio.run(gate.settle("r1", 0.015, 100))
-    err = refusal(gate, cfg, "r2")
+    err = refusal(gate, config, "r2")
     assert "retry-after" not in err.headers and "never resets" in err.message
 
 
 def test_rate_limits_are_not_escaped_by_downgrading() -> None:
-    cfg = config(10.0, rpm=1)
-    gate = gate_for(cfg)
-    small, large = cfg.tier("small"), cfg.tier("large")
+    config = router_config(10.0, rpm=1)
+    gate = gate_for(config)
+    small, large = config.tier("small"), config.tier("large")
 
     async def main() -> None:
         await gate.reserve("r1", Identity("a"), BODY, [large], [small], endpoint=CHAT)
@@ -154,7 +156,7 @@ def test_rate_limits_are_not_escaped_by_downgrading() -> None:
 
 
 def test_unbounded_requests_get_the_default_max_tokens() -> None:
-    gate = gate_for(config(1.0))
+    gate = gate_for(router_config(1.0))
     body = {k: v for k, v in BODY.items() if k != "max_tokens"}
     assert gate.bound_body(body, CHAT)["max_tokens"] == 1024
     assert gate.bound_body(BODY, CHAT) is BODY

@@ -1,7 +1,7 @@
 """`cost-router levers trial|plan` through the real CLI app against real HTTP servers: the fast
 echo upstream for the mechanics (resume, a tier that is down, bad input, a judge that answers
-garbage), real llama.cpp servers for the lever measurement itself (tests/simulations/
-test_levers_llama.py)."""
+garbage), real llama.cpp servers for the lever measurement itself (test_levers_llama.py beside
+this file)."""
 
 from __future__ import annotations
 

@@ -142,8 +142,8 @@ def test_promote_swaps_a_better_model_in_and_rollback_restores(
     tmp_path: Path, labelled: Path
 ) -> None:
     bad, good = _model(tmp_path, "current", inverted=True), _model(tmp_path / "new", "new")
-    config = _config(tmp_path / "router.yaml", "http://127.0.0.1:9/v1", bad)
-    original = yaml.safe_load(config.read_text())
+    config_file = _config(tmp_path / "router.yaml", "http://127.0.0.1:9/v1", bad)
+    original = yaml.safe_load(config_file.read_text())
     result = runner.invoke(
         app,
         [
@@ -151,7 +151,7 @@ def test_promote_swaps_a_better_model_in_and_rollback_restores(
             "promote",
             str(good),
             "--config",
-            str(config),
+            str(config_file),
             "--traces",
             str(labelled),
             "--bootstrap",
@@ -161,25 +161,25 @@ def test_promote_swaps_a_better_model_in_and_rollback_restores(
     assert result.exit_code == 0, result.output
     assert "the new model is better: APGR gain" in result.output
     assert "no target recorded: kept its large share" in result.output
-    cfg = load_config(config)
-    assert cfg.classifier.model_path == str(good.resolve())
+    config = load_config(config_file)
+    assert config.classifier.model_path == str(good.resolve())
     # The large share the policy had with the old model at 0.6, now with the new model.
     share = float(np.mean(_scores(bad, labelled) >= 0.6))
-    threshold = cfg.policies["main"].model_extra["threshold"]  # type: ignore[index]
+    threshold = config.policies["main"].model_extra["threshold"]  # type: ignore[index]
     assert threshold != 0.6
     assert float(np.mean(_scores(good, labelled) >= threshold)) == pytest.approx(share, abs=0.01)
     saved = ModelFiles(good.resolve()).prev.onnx
     assert saved.is_file() and sha256(saved) == sha256(bad)
     # The previous model's drift reference travels with its copy.
     assert ModelFiles(saved).scores.read_bytes() == ModelFiles(bad).scores.read_bytes()
-    history = json.loads(history_path(config).read_text())["promotions"]
+    history = json.loads(history_path(config_file).read_text())["promotions"]
     assert len(history) == 1 and history[0]["gate"]["promote"] and not history[0]["gate"]["forced"]
 
-    result = runner.invoke(app, ["classifier", "rollback", "--config", str(config)])
+    result = runner.invoke(app, ["classifier", "rollback", "--config", str(config_file)])
     assert result.exit_code == 0, result.output
-    assert yaml.safe_load(config.read_text()) == original
-    assert json.loads(history_path(config).read_text())["promotions"] == []
-    result = runner.invoke(app, ["classifier", "rollback", "--config", str(config)])
+    assert yaml.safe_load(config_file.read_text()) == original
+    assert json.loads(history_path(config_file).read_text())["promotions"] == []
+    result = runner.invoke(app, ["classifier", "rollback", "--config", str(config_file)])
     assert result.exit_code == 2 and "no promotion recorded" in result.output
 
 

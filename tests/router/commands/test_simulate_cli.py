@@ -12,12 +12,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from backends.signal_snapshots import save_snapshot
 from router.cli import app
 from router.commands.simulate import default_config
 from router.config import load_config
 from simulations.replay import trace_scores
 from simulations.sim_config import SIMULATOR_DEFAULTS, default_sim_config
 from simulations.trace_loader import load_trace
+from tests.simulations.test_signal_levers import measured_large
 from tests.support.sim import GSM8K, balanced, router_config_dict, write_jsonl_trace
 
 runner = CliRunner()
@@ -276,6 +278,22 @@ def test_what_if_without_timestamps_names_arrival_rate() -> None:
     errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, res.stderr  # one line (notes about the data may come before it)
     assert "missing field 'time'" in errors[0] and "--arrival-rate" in errors[0]
+
+
+def test_what_if_cli_takes_a_saved_snapshot(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    write_jsonl_trace(trace, 30)
+    snap = tmp_path / "signals.json"
+    save_snapshot(snap, {"large": measured_large()})
+    result = CliRunner().invoke(app, ["what-if", "--traces", str(trace), "--signals", str(snap)])
+    assert result.exit_code == 0, result.output
+    assert "large: ttft 300.0 ms per-token 10.00 ms spec acceptance 0.750" in result.output
+    assert "acceptance 0.75" in result.output  # the what-if report uses the measured rate
+
+    bad = CliRunner().invoke(
+        app, ["what-if", "--traces", str(trace), "--signals", str(tmp_path / "none.json")]
+    )
+    assert bad.exit_code == 2 and "cannot read signals snapshot" in bad.output
 
 
 def _cells(page: str, tag: str = "td") -> list[str]:

@@ -34,7 +34,9 @@ def _inflight(url: str) -> float:
 def _refuses(url: str) -> bool:
     try:  # a probe that writes no trace line (the test counts them)
         httpx.get(url + "/healthz", timeout=2)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+        # Refused, or taken from the listen backlog in the instant before uvicorn closed its
+        # socket and then closed unanswered by the shutdown: either way not served.
         return True
     return False
 

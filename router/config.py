@@ -37,10 +37,14 @@ from policies.registry import PolicyEnv, check_routing
 from router.learning.config import EvaluationConfig, check_evaluation
 from router.observability.config import MonitoringConfig
 from router.observability.telemetry_config import TelemetryConfig
+from simulations.sim_config import SimConfig, defaults_document, set_threshold
 from trace_format.config_base import ConfigError, StrictModel
 
 __all__ = [
     "RouterConfig",
+    "sim_config_from",
+    "simulator_defaults",
+    "write_threshold",
     "config_from_dict",
     "edit_config",
     "load_config",
@@ -383,3 +387,49 @@ def edit_config(path: str | Path, edit: Callable[[dict[str, Any]], None]) -> Rou
     config = config_from_dict(data, source=str(p))
     write_atomically(p, yaml.safe_dump(data, sort_keys=False).encode())
     return config
+
+
+# What the simulator replays of a router config (`simulate`, `tune`, `what-if --config`), and the
+# threshold `tune --write` sets.
+
+
+def sim_config_from(config: RouterConfig) -> SimConfig:
+    """The sections of a router config that the simulator replays."""
+    return SimConfig.from_sections(
+        config.tiers,
+        config.policies,
+        config.default_policy,
+        config.classifier,
+        config.teams,
+        config.budgets,
+    )
+
+
+def simulator_defaults() -> SimConfig:
+    """The simulator's defaults with the `COST_ROUTER__*` environment overrides applied (to a
+    copy: the module's defaults never change), as they apply to a router config file."""
+    doc = defaults_document()
+    try:
+        apply_env_overrides(doc)
+    except (IndexError, ValueError, TypeError) as exc:
+        raise ConfigError(f"bad environment override: {exc}") from exc
+    return SimConfig.from_document(doc, "the simulator's defaults (with COST_ROUTER__* overrides)")
+
+
+def write_threshold(
+    path: str | Path, policy: str | None, threshold: float, target: tuple[str, float] | None = None
+) -> str:
+    """Set `policies.<policy>.threshold` in the YAML file, and `tuned_for`
+    (simulations.sim_config.set_threshold), for `tune --write`; returns the policy name written.
+
+    The edited document is validated as a whole before the file is replaced atomically
+    (router.config.edit_config). YAML comments are not preserved (PyYAML does not keep them).
+    """
+    p = Path(path)
+    written: list[str] = []
+
+    def edit(data: dict[str, Any]) -> None:
+        written.append(set_threshold(data, policy, threshold, target, str(p)))
+
+    edit_config(p, edit)  # RouterConfig validation parses every policy's params
+    return written[0]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -22,8 +22,8 @@ from backends.config import SignalsConfig
 from classifiers.dataset import DatasetError, routellm_data_dir
 from policies.registry import tiers_by_price
 from router.commands.common import load_config_or_exit
-from router.config import RouterConfig, apply_env_overrides, edit_config
-from simulations.sim_config import SimConfig, defaults_document, set_threshold
+from router.config import RouterConfig, sim_config_from, simulator_defaults, write_threshold
+from simulations.sim_config import SimConfig
 from trace_format.config_base import ConfigError
 
 if TYPE_CHECKING:  # heavy modules (tiktoken, the replay) load inside the commands (see above)
@@ -76,33 +76,10 @@ def _clean_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def sim_config_from(config: RouterConfig) -> SimConfig:
-    """The sections of a router config that the simulator replays."""
-    return SimConfig.from_sections(
-        config.tiers,
-        config.policies,
-        config.default_policy,
-        config.classifier,
-        config.teams,
-        config.budgets,
-    )
-
-
-def default_config() -> SimConfig:
-    """The simulator's defaults with the `COST_ROUTER__*` environment overrides applied (to a
-    copy: the module's defaults never change), as they apply to a router config file."""
-    doc = defaults_document()
-    try:
-        apply_env_overrides(doc)
-    except (IndexError, ValueError, TypeError) as exc:
-        raise ConfigError(f"bad environment override: {exc}") from exc
-    return SimConfig.from_document(doc, "the simulator's defaults (with COST_ROUTER__* overrides)")
-
-
 def _configs(path: Path | None) -> tuple[SimConfig, RouterConfig | None]:
     """The simulator's config from the router YAML at `path` (exit 2 if bad), else its defaults."""
     if path is None:
-        return default_config(), None
+        return simulator_defaults(), None
     router_config = load_config_or_exit(path)
     return sim_config_from(router_config), router_config
 
@@ -140,25 +117,6 @@ def _load(
         if note:
             typer.echo(note, err=True)
     return sim, router_config, trace
-
-
-def write_threshold(
-    path: str | Path, policy: str | None, threshold: float, target: tuple[str, float] | None = None
-) -> str:
-    """Set `policies.<policy>.threshold` in the YAML file, and `tuned_for`
-    (simulations.sim_config.set_threshold); returns the policy name written.
-
-    The edited document is validated as a whole before the file is replaced atomically
-    (router.config.edit_config). YAML comments are not preserved (PyYAML does not keep them).
-    """
-    p = Path(path)
-    written: list[str] = []
-
-    def edit(data: dict[str, Any]) -> None:
-        written.append(set_threshold(data, policy, threshold, target, str(p)))
-
-    edit_config(p, edit)  # RouterConfig validation parses every policy's params
-    return written[0]
 
 
 def _measured(

@@ -15,8 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from router.commands.simulate import sim_config_from
-from router.config import config_from_dict
+from router.config import config_from_dict, sim_config_from
 from simulations.replay import replay, trace_scores
 from simulations.trace_loader import load_trace
 from tests.support.proxy import ProxyThread

@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 
 from backends.signal_snapshots import save_snapshot
 from router.cli import app
-from router.commands.simulate import default_config
-from router.config import load_config
+from router.config import load_config, simulator_defaults
 from simulations.replay import trace_scores
 from simulations.sim_config import SIMULATOR_DEFAULTS, default_sim_config
 from simulations.trace_loader import load_trace
@@ -118,7 +117,7 @@ def test_the_module_defaults_are_unchanged_by_environment_overrides(
     monkeypatch.setenv("COST_ROUTER__POLICIES__BALANCED__TYPE", "threshold")
     monkeypatch.setenv("COST_ROUTER__POLICIES__BALANCED__THRESHOLD", "0.9")
     monkeypatch.setenv("COST_ROUTER__TIERS__1__PRICE__INPUT_PER_MTOK", "99")
-    overridden = default_config()
+    overridden = simulator_defaults()
     assert (overridden.policies["balanced"].model_extra or {})["threshold"] == 0.9
     assert overridden.prices["large"].input_per_mtok == 99
     assert before == SIMULATOR_DEFAULTS

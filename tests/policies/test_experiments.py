@@ -31,16 +31,16 @@ _CHILD = """
 import json, sys
 from policies.experiments import Experiment
 from policies.config import ExperimentConfig
-cfg = ExperimentConfig.model_validate(json.loads(sys.argv[1]))
-exp = Experiment(cfg)
+settings = ExperimentConfig.model_validate(json.loads(sys.argv[1]))
+exp = Experiment(settings)
 print(json.dumps([exp.arm_for(f"team-{i}") for i in range(2000)]))
 """
 
 
-def _in_new_process(cfg: ExperimentConfig, hash_seed: str) -> list[str]:
+def _in_new_process(settings: ExperimentConfig, hash_seed: str) -> list[str]:
     # A different PYTHONHASHSEED per process: Python's hash() would differ, ours must not.
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, cfg.model_dump_json()],
+        [sys.executable, "-c", _CHILD, settings.model_dump_json()],
         check=True,
         capture_output=True,
         text=True,
@@ -51,10 +51,10 @@ def _in_new_process(cfg: ExperimentConfig, hash_seed: str) -> list[str]:
 
 
 def test_assignment_identical_across_processes() -> None:
-    cfg = _exp()
-    here = [Experiment(cfg).arm_for(f"team-{i}") for i in range(2000)]
-    assert _in_new_process(cfg, "1") == here
-    assert _in_new_process(cfg, "12345") == here
+    settings = _exp()
+    here = [Experiment(settings).arm_for(f"team-{i}") for i in range(2000)]
+    assert _in_new_process(settings, "1") == here
+    assert _in_new_process(settings, "12345") == here
 
 
 def test_assignment_sticky_and_order_independent() -> None:

@@ -110,8 +110,8 @@ def _config(load_shed: object) -> dict:
 
 
 def _built(doc: dict) -> dict[str, Policy]:
-    cfg = config_from_dict(doc)
-    return build_policies(cfg.policies, cfg.policy_env())
+    config = config_from_dict(doc)
+    return build_policies(config.policies, config.policy_env())
 
 
 def test_registry_builds_load_shed_as_a_threshold_option() -> None:
@@ -123,9 +123,9 @@ def test_registry_builds_load_shed_as_a_threshold_option() -> None:
 
 
 def test_registry_without_option_is_the_plain_threshold() -> None:
-    cfg = _config(None)
-    del cfg["policies"]["shed"]["load_shed"]
-    assert isinstance(_built(cfg)["shed"], ThresholdPolicy)
+    config = _config(None)
+    del config["policies"]["shed"]["load_shed"]
+    assert isinstance(_built(config)["shed"], ThresholdPolicy)
 
 
 @pytest.mark.parametrize(

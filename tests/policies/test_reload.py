@@ -188,8 +188,8 @@ def test_sighup_reloads_real_server(tmp_path: Path) -> None:
         )
 
     with running_echo_upstream() as url:
-        cfg = tmp_path / "router.yaml"
-        cfg.write_text(doc("small", url))
+        config_file = tmp_path / "router.yaml"
+        config_file.write_text(doc("small", url))
         port = free_port()
         log = (tmp_path / "proxy.log").open("wb")
         proc = subprocess.Popen(
@@ -199,7 +199,7 @@ def test_sighup_reloads_real_server(tmp_path: Path) -> None:
                 "router.cli",
                 "serve",
                 "--config",
-                str(cfg),
+                str(config_file),
                 "--port",
                 str(port),
             ],
@@ -220,12 +220,12 @@ def test_sighup_reloads_real_server(tmp_path: Path) -> None:
                 return r.headers["x-router-tier"]
 
             assert tier_now() == "small"
-            cfg.write_text(doc("large", url))
+            config_file.write_text(doc("large", url))
             proc.send_signal(signal.SIGHUP)
             wait_for(
                 lambda: tier_now() == "large", 10, "the SIGHUP reload to route to large", poll_s=0.1
             )
-            cfg.write_text("policies: [broken")
+            config_file.write_text("policies: [broken")
             proc.send_signal(signal.SIGHUP)
             wait_for(
                 lambda: "rejected" in (tmp_path / "proxy.log").read_text(),

@@ -16,13 +16,20 @@ LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGG
   -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF
 WHEELS ?= $(HOME)/.cache/cost-router/wheels
 
-$(STAMP): pyproject.toml
+# One resolved set of versions for every extra together (dev, demo, bench, data, otel): each
+# install below is constrained by it, so `make bench` can never change what `make lint` and
+# `make test` run on, and pip has nothing to search. Regenerate it after changing a requirement:
+# see the head of constraints.txt (checked by tests/test_constraints.py).
+CONSTRAINTS := constraints.txt
+PIP_INSTALL := $(BIN)/pip install -q -c $(CONSTRAINTS)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	ls $(WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || \
 	  CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/pip wheel -q --no-deps --no-cache-dir -w $(WHEELS) \
 	    'llama-cpp-python==$(LLAMA_VERSION)'
-	$(BIN)/pip install -q --find-links $(WHEELS) 'llama-cpp-python[server]==$(LLAMA_VERSION)' \
+	$(PIP_INSTALL) --find-links $(WHEELS) 'llama-cpp-python[server]==$(LLAMA_VERSION)' \
 	  -e '.[dev,demo]'
 	touch $(STAMP)
 
@@ -47,8 +54,12 @@ promtool:
 	    service prometheus stop >/dev/null 2>&1 || true; }; }
 	@command -v promtool >/dev/null 2>&1 || { echo "promtool not found (apt-get install prometheus)" >&2; exit 1; }
 
+# `make demo PORT=9080 SMALL_PORT=9101 LARGE_PORT=9102` moves the proxy and the two tier servers
+# (PORT=0: any free ports); unset, 8080, 8101 and 8102.
+comma := ,
 demo: $(STAMP)
-	$(BIN)/cost-router serve
+	$(BIN)/cost-router serve $(if $(PORT),--port $(PORT)) \
+	  $(if $(SMALL_PORT)$(LARGE_PORT),--tier-ports $(or $(SMALL_PORT),8101)$(comma)$(or $(LARGE_PORT),8102))
 
 # pytest exits 5 when it collected no tests; make fails on any non-zero status, so that can't pass.
 test: $(STAMP) redis promtool
@@ -63,5 +74,5 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[bench]'
+	$(PIP_INSTALL) --find-links $(WHEELS) -e '.[bench]'
 	@echo "run the scripts in benchmarks/; results go to docs/benchmarks.md"

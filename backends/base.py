@@ -44,6 +44,13 @@ class Usage:
     # Why the upstream's usage was not trusted (backends/usage.py FAULTS, or the router's bound
     # checks); the counts are then our own.
     fault: str | None = None
+    # Parts of prompt_tokens the provider read from (cached) or wrote to (cache_write) its prompt
+    # cache, priced by Price.cached_input_per_mtok / cache_write_per_mtok; the rest is fresh
+    # input. Part of completion_tokens: reasoning (priced as output, never charged twice). Our
+    # own count knows none of them: 0, every prompt token fresh.
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -27,6 +27,10 @@ def cost_nanos(
     output_per_mtok: Number,
     prompt_tokens: Number,
     completion_tokens: Number,
+    cached_tokens: Number = 0,
+    cache_write_tokens: Number = 0,
+    cached_input_per_mtok: Number | None = None,
+    cache_write_per_mtok: Number | None = None,
 ) -> int: ...
 @overload
 def cost_nanos(
@@ -34,18 +38,46 @@ def cost_nanos(
     output_per_mtok: Any,
     prompt_tokens: npt.NDArray[Any],
     completion_tokens: npt.NDArray[Any],
+    cached_tokens: Any = 0,
+    cache_write_tokens: Any = 0,
+    cached_input_per_mtok: Any = None,
+    cache_write_per_mtok: Any = None,
 ) -> npt.NDArray[np.int64]: ...
 def cost_nanos(
     input_per_mtok: Any,
     output_per_mtok: Any,
     prompt_tokens: Any,
     completion_tokens: Any,
+    cached_tokens: Any = 0,
+    cache_write_tokens: Any = 0,
+    cached_input_per_mtok: Any = None,
+    cache_write_per_mtok: Any = None,
 ) -> int | npt.NDArray[np.int64]:
-    """Cost in nano-USD, rounded half-even; scalars give an int, arrays an int64 array."""
+    """Cost in nano-USD, rounded half-even; scalars give an int, arrays an int64 array.
+
+    `prompt_tokens` are all the prompt's tokens; `cached_tokens` (read from the provider's prompt
+    cache) and `cache_write_tokens` (written to it) are part of them, so fresh input is prompt -
+    cached - cache_write. A cache price left unset (None) is the input price: those tokens are
+    then priced as fresh input, in the one prompt term, so a tier without cache prices costs bit
+    for bit what the formula without cache terms gave (no rounding of a split sum). Arrays with
+    per-row prices zero the cached counts of rows whose tier sets none (simulations/replay.py)."""
+    cached, cached_price = cached_tokens, cached_input_per_mtok
+    if cached_price is None:
+        cached, cached_price = 0, 0
+    written, write_price = cache_write_tokens, cache_write_per_mtok
+    if write_price is None:
+        written, write_price = 0, 0
+    fresh = prompt_tokens - cached - written
     # USD per Mtok * 1e9 nanos / 1e6 tokens = price * 1000 nanos per token. Plain operators, so
     # the proxy's scalar case stays pure Python (the hot path) and arrays stay vectorised; both
-    # do the same float64 operations in the same order, so they agree to the nano.
-    nanos = prompt_tokens * input_per_mtok * 1000 + completion_tokens * output_per_mtok * 1000
+    # do the same float64 operations in the same order, so they agree to the nano. With nothing
+    # cached the two cache terms add exactly 0.0: the cost is bit for bit the two-term formula's.
+    nanos = (
+        fresh * input_per_mtok * 1000
+        + cached * cached_price * 1000
+        + written * write_price * 1000
+        + completion_tokens * output_per_mtok * 1000
+    )
     if isinstance(nanos, np.ndarray):
         return np.rint(nanos).astype(np.int64)
     return round(float(nanos))  # half-even, as np.rint
@@ -53,15 +85,64 @@ def cost_nanos(
 
 class Price(StrictModel):
     input_per_mtok: float = Field(ge=0, description="USD per million prompt tokens")
-    output_per_mtok: float = Field(ge=0, description="USD per million completion tokens")
+    output_per_mtok: float = Field(
+        ge=0, description="USD per million completion tokens (reasoning tokens included)"
+    )
+    cached_input_per_mtok: float | None = Field(
+        default=None,
+        ge=0,
+        description="USD per million prompt tokens read from the provider's prompt cache "
+        "(`prompt_tokens_details.cached_tokens`, Anthropic's `cache_read_input_tokens`); "
+        "default: input_per_mtok",
+    )
+    cache_write_per_mtok: float | None = Field(
+        default=None,
+        ge=0,
+        description="USD per million prompt tokens written to the provider's prompt cache "
+        "(Anthropic's `cache_creation_input_tokens`); default: input_per_mtok",
+    )
 
-    def cost_nanos(self, prompt_tokens: int, completion_tokens: int) -> int:
-        return int(
-            cost_nanos(self.input_per_mtok, self.output_per_mtok, prompt_tokens, completion_tokens)
+    @property
+    def worst_input_per_mtok(self) -> float:
+        """The dearest price a prompt token can have: a reservation prices every prompt token
+        at it, whatever part of the prompt the provider turns out to have cached or written."""
+        return max(
+            self.input_per_mtok, self.cached_input_per_mtok or 0.0, self.cache_write_per_mtok or 0.0
         )
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return self.cost_nanos(prompt_tokens, completion_tokens) / NANOS_PER_USD
+    def cost_nanos(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> int:
+        return cost_nanos(
+            self.input_per_mtok,
+            self.output_per_mtok,
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens,
+            cache_write_tokens,
+            self.cached_input_per_mtok,
+            self.cache_write_per_mtok,
+        )
+
+    def worst_cost_nanos(self, prompt_tokens: int, completion_tokens: int) -> int:
+        """The most a request of these counts can cost, whatever part of it is cached."""
+        return cost_nanos(
+            self.worst_input_per_mtok, self.output_per_mtok, prompt_tokens, completion_tokens
+        )
+
+    def cost(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> float:
+        nanos = self.cost_nanos(prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens)
+        return nanos / NANOS_PER_USD
 
 
 class DeploymentConfig(StrictModel):
@@ -156,6 +237,13 @@ class TierConfig(StrictModel):
     queue_timeout_s: float = Field(default=0.5, ge=0)
     fallback: list[str] = Field(
         default_factory=list, description="tiers to try, in order, on failure"
+    )
+    context_window: int | None = Field(
+        default=None,
+        ge=1,
+        description="most tokens the model takes, prompt plus completion (as its server's "
+        "max_model_len / n_ctx); a request that cannot fit goes to the cheapest tier of its "
+        "policy that can (policies/context_window.py); unset: no limit is checked",
     )
     metrics_url: str | None = Field(default=None, description="Prometheus /metrics of the server")
     replay_trace: str | None = Field(default=None, description="trace file for kind=replay")

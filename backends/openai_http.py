@@ -4,7 +4,10 @@ One pooled ``httpx.AsyncClient`` per tier, created once, on aiohttp's transport;
 straight to that transport (see ``_post``). Only failures to connect are retried (a request the
 upstream may already be running is never sent twice); read timeouts and 5xx become
 ``UpstreamError`` (the tier may fall back) and 4xx become ``UpstreamClientError`` (its status
-goes back to the client; the upstream's body only to the log). Each error's ``public`` phrase is
+goes back to the client; the upstream's body only to the log), as does a 5xx that the tier's
+server kind is known to answer to an invalid request (llama-cpp-python's validation errors,
+backends/normalize.py: 400, no fallback). Bodies are rewritten for what the tier's server kind is
+known to reject (backends/normalize.py) just before they are sent. Each error's ``public`` phrase is
 all a client reads of it: upstream bodies, exception texts and addresses stay in the log.
 
 A tier that lists `deployments` gets one pool per server and a `DeploymentSet`
@@ -33,6 +36,7 @@ from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, 
 from backends.config import TierConfig
 from backends.deployments import Deployment, DeploymentsBusy, DeploymentSet, deployments_of
 from backends.json_limits import MAX_JSON_DEPTH, deeper_than
+from backends.normalize import invalid_request, normalizer, server_kind
 from backends.signal_deployments import DeploymentProber
 from backends.usage import answer_usage, read_usage
 
@@ -41,7 +45,7 @@ log = logging.getLogger(__name__)
 
 def usage_from(body: dict[str, Any]) -> Usage | None:
     """The answer's reported usage when it is well-formed, else None."""
-    usage = read_usage(body.get("usage"))
+    usage = read_usage(body.get("usage"), body.get("timings"))
     return usage if usage is not None and usage.fault is None else None
 
 
@@ -171,6 +175,8 @@ class OpenAIHTTPBackend:
         assert tier.base_url or tier.deployments, "checked by the config (backends/registry.py)"
         self.tier = tier.name
         self.retries = tier.connect_retries
+        self.server_kind = server_kind(tier)
+        self._normalize = normalizer(tier)
         self.deployments: DeploymentSet | None = None
         self._prober: DeploymentProber | None = None
         if tier.deployments:
@@ -222,6 +228,8 @@ class OpenAIHTTPBackend:
             self._prober.start()
 
     async def complete(self, endpoint: str, body: dict[str, Any]) -> UpstreamResponse:
+        if self._normalize is not None:
+            body = self._normalize(body)
         if self.deployments is None:
             return await self._complete_on(self._server, endpoint, body, self.retries)
         self._probing()
@@ -288,6 +296,12 @@ class OpenAIHTTPBackend:
         return UpstreamResponse(answer, usage)
 
     def _check_status(self, resp: httpx.Response, raw: bytes) -> None:
+        if resp.status_code >= 500 and self.server_kind is not None:
+            body = _error_body(resp, raw)
+            if invalid_request(self.server_kind, resp.status_code, body):
+                # The request itself is invalid (its status only says the server failed):
+                # another tier or a client retry would be sent the same bad request.
+                raise UpstreamClientError(400, body)
         if resp.status_code >= 500:
             message = f"answered {resp.status_code}: {raw[:200].decode('utf-8', 'replace')}"
             raise UpstreamError(self.tier, message, resp.status_code)
@@ -304,6 +318,8 @@ class OpenAIHTTPBackend:
         back; closing this iterator (client gone) closes the upstream connection. With several
         deployments, the iterator names the one that answered (`deployment`) once its first
         bytes came."""
+        if self._normalize is not None:
+            body = self._normalize(body)
         if self.deployments is None:
             return self._stream_on(self._server, endpoint, body, self.retries, None)
         self._probing()

@@ -12,11 +12,24 @@ from __future__ import annotations
 from typing import Any
 
 from backends.base import Usage
+from backends.config import Price
 from backends.tokens import count_prompt_tokens, count_tokens
 
-MALFORMED = "malformed"  # missing, not an integer
+MALFORMED = "malformed"  # missing, not an integer; a details field that is not an object
 NEGATIVE = "negative"
 FAULTS = (MALFORMED, NEGATIVE)
+
+# Where each shape puts the prompt-cache counts. OpenAI, vLLM (--enable-prompt-tokens-details)
+# and llama.cpp's llama-server: `prompt_tokens_details.cached_tokens`; litellm's answers from
+# Anthropic: `prompt_tokens_details.cached_tokens` / `cache_creation_tokens` (newer litellm also
+# `cache_write_tokens`), and beside them Anthropic's own `cache_read_input_tokens` /
+# `cache_creation_input_tokens`. In all of them prompt_tokens counts the cached and written
+# tokens too (litellm adds them to Anthropic's input_tokens), so fresh input is the rest.
+# llama-cpp-python's server reports no details: all its prompt tokens are fresh.
+CACHED_FIELDS = ("cached_tokens",)
+CACHE_WRITE_FIELDS = ("cache_write_tokens", "cache_creation_tokens")
+TOP_CACHED = "cache_read_input_tokens"
+TOP_CACHE_WRITE = "cache_creation_input_tokens"
 
 
 def _count(value: Any) -> int | str:
@@ -25,9 +38,53 @@ def _count(value: Any) -> int | str:
     return NEGATIVE if value < 0 else value
 
 
-def read_usage(usage: Any) -> Usage | None:
+def _optional(value: Any) -> int | str:
+    """A details count: absent or null is 0 (OpenAI sends null for what it did not measure)."""
+    return 0 if value is None else _count(value)
+
+
+def _details(usage: dict[str, Any], key: str) -> dict[str, Any] | str:
+    details = usage.get(key)
+    if details is None:
+        return {}
+    return details if isinstance(details, dict) else MALFORMED
+
+
+def _first(details: dict[str, Any], names: tuple[str, ...], usage: dict[str, Any], top: str) -> Any:
+    for name in names:
+        if details.get(name) is not None:
+            return details[name]
+    return usage.get(top)
+
+
+def _breakdown(usage: dict[str, Any], timings: Any) -> tuple[int, int, int] | str:
+    """(cached, cache_write, reasoning) tokens, or the fault that makes them untrustworthy."""
+    prompt_details = _details(usage, "prompt_tokens_details")
+    completion_details = _details(usage, "completion_tokens_details")
+    if isinstance(prompt_details, str) or isinstance(completion_details, str):
+        return MALFORMED
+    raw_cached = _first(prompt_details, CACHED_FIELDS, usage, TOP_CACHED)
+    if raw_cached is None and isinstance(timings, dict):
+        # Older llama-server builds: the reused prefix only in the answer's `timings`.
+        raw_cached = timings.get("cache_n")
+    cached = _optional(raw_cached)
+    written = _optional(_first(prompt_details, CACHE_WRITE_FIELDS, usage, TOP_CACHE_WRITE))
+    reasoning = _optional(completion_details.get("reasoning_tokens"))
+    for value in (cached, written, reasoning):
+        if isinstance(value, str):
+            return value
+    assert isinstance(cached, int) and isinstance(written, int) and isinstance(reasoning, int)
+    return cached, written, reasoning
+
+
+def read_usage(usage: Any, timings: Any = None) -> Usage | None:
     """The `usage` object of an answer or chunk: None when there is none (absent or null, as in
-    every chunk but the last), a reported Usage, or Usage(0, 0, fault=...) when it is broken."""
+    every chunk but the last), a reported Usage, or Usage(0, 0, fault=...) when it is broken.
+    `timings`: the answer's llama.cpp timings, read only when the usage names no cached tokens.
+
+    A breakdown field that is not a count (or an object of counts) breaks the whole report: a
+    broken cache count could only ever lower the charge. Whether the breakdown fits the totals
+    (cached + written <= prompt, reasoning <= completion) is the usage guard's bound check."""
     if usage is None:
         return None
     if not isinstance(usage, dict):
@@ -37,7 +94,30 @@ def read_usage(usage: Any) -> Usage | None:
         if isinstance(value, str):
             return Usage(fault=value)
     assert isinstance(prompt, int) and isinstance(completion, int)
-    return Usage(prompt, completion, reported=True)
+    if (
+        "prompt_tokens_details" not in usage
+        and "completion_tokens_details" not in usage
+        and TOP_CACHED not in usage
+        and TOP_CACHE_WRITE not in usage
+        and timings is None
+    ):  # the two-count shape (llama-cpp-python, older servers): nothing more to read
+        return Usage(prompt, completion, reported=True)
+    breakdown = _breakdown(usage, timings)
+    if isinstance(breakdown, str):
+        return Usage(fault=breakdown)
+    cached, written, reasoning = breakdown
+    return Usage(prompt, completion, True, None, cached, written, reasoning)
+
+
+def usage_cost(price: Price, usage: Usage) -> float:
+    """USD for `usage` where no usage guard checked it (shadow comparisons, the LLM judge): the
+    breakdown is priced only when it fits its totals, else every prompt token is fresh (a
+    broken cache count is never a credit; the proxy's own charge is router/proxy/usage_guard.py)."""
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
+    cached, written = usage.cached_tokens, usage.cache_write_tokens
+    if cached + written <= prompt:
+        return price.cost(prompt, completion, cached, written)
+    return price.cost(prompt, completion)
 
 
 def counted_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
@@ -55,7 +135,7 @@ def counted_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
 
 def answer_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
     """The reported usage, else our own count; a broken report is counted and keeps its fault."""
-    usage = read_usage(answer.get("usage"))
+    usage = read_usage(answer.get("usage"), answer.get("timings"))
     if usage is not None and usage.fault is None:
         return usage
     counted = counted_usage(request, answer)
@@ -70,14 +150,22 @@ ESTIMATED_FIELD = "x_router_estimated"
 
 
 def usage_json(usage: Usage, **extra: Any) -> dict[str, Any]:
-    """The `usage` object a client gets for what it is charged: the counts, `extra` (the
-    stream's cost), and the estimate mark when the counts are the router's own."""
+    """The `usage` object a client gets for what it is charged: the counts, their breakdown
+    OpenAI's way when there is one (what was priced as cached, cache write and reasoning),
+    `extra` (the stream's cost), and the estimate mark when the counts are the router's own."""
     out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        **extra,
     }
+    if usage.cached_tokens or usage.cache_write_tokens:
+        details = {"cached_tokens": usage.cached_tokens}
+        if usage.cache_write_tokens:
+            details["cache_write_tokens"] = usage.cache_write_tokens
+        out["prompt_tokens_details"] = details
+    if usage.reasoning_tokens:
+        out["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    out.update(extra)
     if not usage.reported:
         out[ESTIMATED_FIELD] = True
     return out

@@ -47,9 +47,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chat_large_share import sharegpt_first_turns  # noqa: E402
 from echo_upstream import running_echo_upstream  # noqa: E402
 from proxy_overhead import free_port, process  # noqa: E402
+from sharegpt import first_turns as sharegpt_first_turns  # noqa: E402
 
 from classifiers.dataset import load_dataset, routellm_data_dir  # noqa: E402
 from classifiers.inference import DifficultyScorer  # noqa: E402

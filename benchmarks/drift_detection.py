@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.chat_large_share import sharegpt_first_turns
+from benchmarks.sharegpt import first_turns as sharegpt_first_turns
 from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.inference import DifficultyScorer
 from classifiers.score_reference import ScoreReference

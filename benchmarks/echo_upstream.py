@@ -8,6 +8,14 @@ Behaviour is set per server on the command line and may be overridden per reques
 ``echo`` object in the body (the proxy passes unknown fields through), e.g.
 ``{"echo": {"delay_ms": 200, "fail_status": 503}}``.
 
+A prompt cache, as OpenAI's: per model (the request's ``model``), the prompts it served are kept
+for ``--cache-ttl-s`` seconds after their last use (default 300, 0 = no cache), and an answer's
+``usage.prompt_tokens_details.cached_tokens`` is the longest prefix of its prompt tokens that an
+earlier request of the same model left in the cache, in whole blocks of ``--cache-block`` tokens
+(default 16; OpenAI counts in 128-token increments; 1 = exact). Its tokens are the prompt's
+whitespace-separated words, messages in order (what ``prompt_tokens`` counts). Every answer
+reports the field, 0 on a miss, as OpenAI does.
+
     python -m benchmarks.echo_upstream --port 0     # prints "listening on http://127.0.0.1:PORT"
 """
 
@@ -21,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -45,6 +54,11 @@ class EchoBehaviour:
     fail_status: int = 0  # answer every request with this status (0 = never)
     usage: bool = True  # False mimics llama.cpp: no usage in streams even when asked
     model: str = "echo"
+    cache_ttl_s: float = 300.0  # prompt cache lifetime after last use; 0: no cache
+    cache_block: int = 16  # cached tokens are counted in whole blocks of this many
+    # A chat request offering `tools` is answered with a call of its first tool until it
+    # carries this many tool results (0: never call a tool); see _tool_call.
+    tool_rounds: int = 0
 
     def merged(self, overrides: Any) -> EchoBehaviour:
         if not isinstance(overrides, dict):
@@ -53,24 +67,68 @@ class EchoBehaviour:
         return replace(self, **known)
 
 
-def _words(body: dict[str, Any]) -> int:
+def _tokens(body: dict[str, Any]) -> list[str]:
     """A cheap stand-in for a tokenizer: whitespace-separated words of the prompt."""
     if "messages" in body:
-        total = 0
+        out: list[str] = []
         for m in body.get("messages") or []:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, str):
-                total += len(content.split())
-        return total
+                out += content.split()
+        return out
     prompt = body.get("prompt")
-    return len(prompt.split()) if isinstance(prompt, str) else 1
+    return prompt.split() if isinstance(prompt, str) else []
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _words(body: dict[str, Any]) -> int:
+    """The prompt's token count (a prompt that is not text counts as one)."""
+    if "messages" not in body and not isinstance(body.get("prompt"), str):
+        return 1
+    return len(_tokens(body))
+
+
+# Block prefixes kept at most (all models together): the oldest used go first, so a long load
+# test's memory stays bounded (one entry is a hash and a float).
+CACHE_ENTRIES = 200_000
+
+
+class PrefixCache:
+    """Which block-aligned prompt prefixes each model has seen within its TTL.
+
+    A prefix is keyed by a chained hash of its blocks, so a lookup is one hash and one dict probe
+    per block of the prompt, and never compares text."""
+
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self.last_used: OrderedDict[tuple[str, int], float] = OrderedDict()
+
+    def serve(self, model: str, tokens: list[str], block: int, ttl_s: float) -> int:
+        """The cached tokens of this prompt (its longest cached block prefix); then the prompt's
+        blocks are cached (or refreshed) for `ttl_s` seconds."""
+        if ttl_s <= 0 or block <= 0:
+            return 0
+        now = time.monotonic()
+        cached, hit, chain = 0, True, hash(model)
+        for start in range(0, len(tokens) - block + 1, block):
+            chain = hash((chain, *tokens[start : start + block]))
+            key = (model, chain)
+            used = self.last_used.pop(key, None)
+            if hit and used is not None and now - used <= ttl_s:
+                cached = start + block
+            else:
+                hit = False  # a longer prefix cannot be cached when this one is not
+            self.last_used[key] = now
+        while len(self.last_used) > self.entries:
+            self.last_used.popitem(last=False)
+        return cached
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -79,6 +137,16 @@ class EchoApp:
         self.behaviour = behaviour
         self.served = 0
         self.cancelled = 0  # streams whose client went away before the end
+        self.cache = PrefixCache()
+
+    def prompt_usage(self, body: dict[str, Any], b: EchoBehaviour) -> tuple[int, int]:
+        """(prompt tokens, cached tokens) of a request; the prompt is cached for the next."""
+        tokens = _tokens(body)
+        model = body.get("model")
+        key = model if isinstance(model, str) else b.model
+        cached = self.cache.serve(key, tokens, b.cache_block, b.cache_ttl_s)
+        prompt_tokens = len(tokens) if tokens or "messages" in body else _words(body)
+        return prompt_tokens, cached
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -119,15 +187,24 @@ class EchoApp:
             error = {"error": {"message": f"echo failure {b.fail_status}", "type": "echo_failure"}}
             await _send_json(send, b.fail_status, error)
             return
-        prompt_tokens = _words(body)
         if endpoint == "embeddings":
             await _send_json(send, 200, _embeddings(body, b.model))
             return
+        prompt_tokens, cached = self.prompt_usage(body, b)
+        call = _tool_call(body, b) if endpoint == "chat/completions" else None
+        if call is not None:
+            usage = _usage(prompt_tokens, 3, cached)
+            if body.get("stream"):
+                await _send_tool_stream(send, b, call, usage, body)
+            else:
+                await _send_json(send, 200, _tool_answer(b.model, call, usage))
+            return
         if body.get("stream"):
-            await self._stream(endpoint, body, b, prompt_tokens, send, receive)
+            await self._stream(endpoint, body, b, prompt_tokens, cached, send, receive)
             return
         text = " ".join(["echo"] * b.chunks)
-        await _send_json(send, 200, _full_answer(endpoint, b.model, text, prompt_tokens, b.chunks))
+        answer = _full_answer(endpoint, b.model, text, prompt_tokens, b.chunks, cached)
+        await _send_json(send, 200, answer)
 
     async def _stream(
         self,
@@ -135,6 +212,7 @@ class EchoApp:
         body: dict[str, Any],
         b: EchoBehaviour,
         prompt_tokens: int,
+        cached: int,
         send: Send,
         receive: Receive,
     ) -> None:
@@ -154,7 +232,7 @@ class EchoApp:
                 chunk = _chunk(endpoint, b.model, "echo " if not last else "echo", last)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if want_usage:
-                tail = _usage_chunk(endpoint, b.model, _usage(prompt_tokens, b.chunks))
+                tail = _usage_chunk(endpoint, b.model, _usage(prompt_tokens, b.chunks, cached))
                 await send({"type": "http.response.body", "body": tail, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
@@ -188,7 +266,12 @@ def _embeddings(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def _full_answer(
-    endpoint: str, model: str, text: str, prompt_tokens: int, completion_tokens: int
+    endpoint: str,
+    model: str,
+    text: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
     if endpoint == "completions":
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "stop"}
@@ -203,7 +286,7 @@ def _full_answer(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": _usage(prompt_tokens, completion_tokens),
+        "usage": _usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
@@ -219,7 +302,7 @@ def _chunk(endpoint: str, model: str, text: str, last: bool) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def _usage_chunk(endpoint: str, model: str, usage: dict[str, int]) -> bytes:
+def _usage_chunk(endpoint: str, model: str, usage: dict[str, Any]) -> bytes:
     obj = "text_completion" if endpoint == "completions" else "chat.completion.chunk"
     payload = {
         "id": "echo-1",
@@ -230,6 +313,81 @@ def _usage_chunk(endpoint: str, model: str, usage: dict[str, int]) -> bytes:
         "usage": usage,
     }
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+# --- tool calls (--tool-rounds / echo.tool_rounds) -------------------------------------------
+
+
+def _tool_call(body: dict[str, Any], b: EchoBehaviour) -> dict[str, Any] | None:
+    """The tool call this request gets, or None for a text answer. Its arguments echo what the
+    request carried of tools (the model it was sent as, `tools`, `tool_choice`,
+    `parallel_tool_calls` and the tool results so far), so a test sees that a proxy passed them
+    through unchanged."""
+    tools = body.get("tools")
+    if b.tool_rounds <= 0 or not isinstance(tools, list) or not tools:
+        return None
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    results = [m.get("content") for m in messages if m.get("role") == "tool"]
+    if len(results) >= b.tool_rounds:
+        return None
+    function = tools[0].get("function") if isinstance(tools[0], dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    arguments = {
+        "step": len(results),
+        "model": body.get("model"),
+        "tools": tools,
+        "tool_choice": body.get("tool_choice"),
+        "parallel_tool_calls": body.get("parallel_tool_calls"),
+        "tool_results": results,
+    }
+    return {
+        "id": f"call_{len(results)}",
+        "type": "function",
+        "function": {"name": name or "tool", "arguments": orjson.dumps(arguments).decode()},
+    }
+
+
+def _tool_answer(model: str, call: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    return {
+        "id": "echo-1",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+        "usage": usage,
+    }
+
+
+async def _send_tool_stream(
+    send: Send, b: EchoBehaviour, call: dict[str, Any], usage: dict[str, Any], body: dict[str, Any]
+) -> None:
+    """The call as OpenAI streams one: its id and name first, then the arguments in pieces."""
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    args = call["function"]["arguments"]
+    third = max(1, len(args) // 3)
+    pieces = [args[i : i + third] for i in range(0, len(args), third)]
+    head = {**call, "index": 0, "function": {"name": call["function"]["name"], "arguments": ""}}
+    deltas: list[tuple[dict[str, Any], str | None]] = [
+        ({"role": "assistant", "content": None, "tool_calls": [head]}, None)
+    ]
+    deltas += [({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}, None) for p in pieces]
+    deltas.append(({}, "tool_calls"))
+    for delta, finish in deltas:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        payload = {
+            "id": "echo-1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": b.model,
+            "choices": [choice],
+        }
+        chunk = b"data: " + orjson.dumps(payload) + b"\n\n"
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    if b.usage and (body.get("stream_options") or {}).get("include_usage"):
+        tail = _usage_chunk("chat/completions", b.model, usage)
+        await send({"type": "http.response.body", "body": tail, "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -322,6 +480,18 @@ def add_echo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-status", type=int, default=0)
     parser.add_argument("--no-usage", action="store_true", help="never send usage in streams")
     parser.add_argument("--model", default="echo")
+    parser.add_argument(
+        "--cache-ttl-s",
+        type=float,
+        default=300.0,
+        help="prompt cache: seconds a prompt stays cached after its last use (0 = no cache)",
+    )
+    parser.add_argument(
+        "--cache-block",
+        type=int,
+        default=16,
+        help="cached tokens are counted in whole blocks of this many (1 = exact)",
+    )
 
 
 def behaviour_from(a: argparse.Namespace) -> EchoBehaviour:
@@ -332,6 +502,8 @@ def behaviour_from(a: argparse.Namespace) -> EchoBehaviour:
         fail_status=a.fail_status,
         usage=not a.no_usage,
         model=a.model,
+        cache_ttl_s=a.cache_ttl_s,
+        cache_block=a.cache_block,
     )
 
 

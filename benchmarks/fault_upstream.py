@@ -16,6 +16,11 @@ normally):
 ``huge_usage``                usage of ``HUGE_TOKENS`` completion tokens (body or usage chunk)
 ``negative_usage``            usage of ``NEGATIVE_TOKENS`` prompt and completion tokens
 ``nonnumeric_usage``          usage whose ``prompt_tokens`` is ``"abc"`` (the rest are numbers)
+``cached_over_prompt``        ``prompt_tokens_details.cached_tokens`` of the prompt plus
+                              ``CACHED_EXTRA``: more cached tokens than the prompt has
+``negative_cached``           ``prompt_tokens_details.cached_tokens`` of ``NEGATIVE_TOKENS``
+``details_string``            ``prompt_tokens_details`` that is a string, not an object
+``details_list``              ``prompt_tokens_details`` that is a list, not an object
 ``hang``                      nothing for ``hang_s`` (past the router's timeout), then the normal
                               answer; ends early when the caller hangs up
 ``error_500``                 a 500 whose text body is a Python traceback naming ``INTERNAL_HOST``
@@ -27,6 +32,8 @@ normally):
 ``stream_huge_no_usage``      stream only: ``huge_mb`` MB of content (generated as it is sent,
                               never held) and no usage chunk, as llama.cpp does
 ``stream_bad_usage``          stream only: a usage chunk that is not valid JSON
+``llama_validation_500``      asked for only (never drawn by the mix): the 500 llama-cpp-python's
+                              server answers a request its validation refuses, with its body
 ============================  =====================================================================
 
 ``metadata`` may also carry ``fault_mb`` and ``hang_s`` for one request (strings, as the OpenAI
@@ -68,12 +75,23 @@ from benchmarks.echo_upstream import (
 
 HUGE_TOKENS = 10**8
 NEGATIVE_TOKENS = -(10**6)
+CACHED_EXTRA = 1000
 SECRET = "sk-upstream-LEAKED-0123456789abcdef"
 INTERNAL_HOST = "gpu-node-17.inference.corp.internal"
 INTERNAL_IP = "10.31.7.42"
 TRACEBACK_MARK = "Traceback (most recent call last)"
 
-BOTH = ("huge_usage", "negative_usage", "nonnumeric_usage", "hang", "error_500", "error_4xx_secret")
+# Usage whose prompt-cache breakdown cannot be right: each would lower the charge if trusted.
+CACHE_FAULTS = ("cached_over_prompt", "negative_cached", "details_string", "details_list")
+BOTH = (
+    "huge_usage",
+    "negative_usage",
+    "nonnumeric_usage",
+    "hang",
+    "error_500",
+    "error_4xx_secret",
+    *CACHE_FAULTS,
+)
 STREAM_ONLY = (
     "stream_cut",
     "stream_stall",
@@ -82,7 +100,25 @@ STREAM_ONLY = (
     "stream_bad_usage",
 )
 FAULTS = BOTH + STREAM_ONLY
+# Faults only a request names: outside the seeded mix, so adding one moves no drawn fault.
+ON_REQUEST_ONLY = ("llama_validation_500",)
 NONE = "none"
+# What llama-cpp-python 0.3.36's server answers an assistant message with `content: null`
+# (its route handler wraps FastAPI's RequestValidationError as a 500), shortened.
+LLAMA_VALIDATION_500 = {
+    "error": {
+        "message": "2 validation errors:\n  {'type': 'literal_error', 'loc': ('body', "
+        "'messages', 1, 'ChatCompletionRequestSystemMessage', 'role'), 'msg': \"Input should "
+        "be 'system'\", 'input': 'assistant', 'ctx': {'expected': \"'system'\"}}\n  "
+        "{'type': 'string_type', 'loc': ('body', 'messages', 1, "
+        "'ChatCompletionRequestAssistantMessage', 'content'), 'msg': 'Input should be a valid "
+        "string', 'input': None}\n\n  File \"/srv/llama_cpp/server/app.py\", line 376, in "
+        "create_chat_completion\n    POST /v1/chat/completions",
+        "type": "internal_server_error",
+        "param": None,
+        "code": None,
+    }
+}
 
 TRACEBACK = f"""{TRACEBACK_MARK}:
   File "/srv/inference/server.py", line 412, in generate
@@ -109,8 +145,9 @@ class FaultMix:
         """The fault for this request: the one it names, else the seeded draw, else "none"."""
         asked = _metadata(body).get("fault")
         if isinstance(asked, str):
-            if asked != NONE and asked not in FAULTS:
-                raise ValueError(f"unknown fault {asked!r}; known: {', '.join(FAULTS)}")
+            if asked != NONE and asked not in FAULTS + ON_REQUEST_ONLY:
+                known = ", ".join(FAULTS + ON_REQUEST_ONLY)
+                raise ValueError(f"unknown fault {asked!r}; known: {known}")
             return asked
         stream = bool(body.get("stream"))
         pool = [f for f in self.faults if stream or f not in STREAM_ONLY]
@@ -188,6 +225,9 @@ class FaultApp(EchoApp):
         if fault == "error_500":
             await _send_text(send, 500, TRACEBACK)
             return
+        if fault == "llama_validation_500":
+            await _send_json(send, 500, LLAMA_VALIDATION_500)
+            return
         if fault == "error_4xx_secret":
             message = f"invalid api key {SECRET} for deployment at {INTERNAL_HOST}"
             error = {"error": {"message": message, "type": "invalid_request_error"}}
@@ -201,6 +241,14 @@ class FaultApp(EchoApp):
             usage = _usage(NEGATIVE_TOKENS, NEGATIVE_TOKENS)
         elif fault == "nonnumeric_usage":
             usage = {**usage, "prompt_tokens": "abc"}
+        elif fault == "cached_over_prompt":
+            usage["prompt_tokens_details"] = {"cached_tokens": prompt_tokens + CACHED_EXTRA}
+        elif fault == "negative_cached":
+            usage["prompt_tokens_details"] = {"cached_tokens": NEGATIVE_TOKENS}
+        elif fault == "details_string":
+            usage["prompt_tokens_details"] = "cached_tokens: all of them"
+        elif fault == "details_list":
+            usage["prompt_tokens_details"] = [prompt_tokens]
         if not stream:
             answer = _full_answer(
                 endpoint, b.model, " ".join(["echo"] * b.chunks), prompt_tokens, b.chunks

@@ -17,6 +17,12 @@ Shadow sampling on vs off, one tree: `--base . --shadow 0.1` runs this tree's pr
 the same echo upstream, after the answer; records written, the `reference` judge) next to the same
 code with shadow comparisons off. The upstream serves both proxies' traffic, so the shadow
 calls load it for both alike, as they would a real one.
+
+Session modes, one tree: `--base . --session sticky [--redis redis://127.0.0.1:6379/0]` runs
+both proxies with one threshold policy and their budgets (and so session state) in Redis; this
+tree's policy has `session: {mode: sticky}` (one store round trip per request), the base's the
+default per_request (none). The load generator sends one prompt, so every request is a turn of
+one derived session.
 """
 
 from __future__ import annotations
@@ -112,6 +118,13 @@ def main() -> None:
         help="this tree's proxy samples RATE of requests for shadow comparisons "
         "(`--base . --shadow 0.1`: shadow sampling off vs 10%%)",
     )
+    ap.add_argument(
+        "--session",
+        choices=["per_request", "sticky", "escalate_only", "cache_aware"],
+        default=None,
+        help="this tree's policy runs in this session mode (`--base . --session sticky`)",
+    )
+    ap.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="with --session")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="proxy-ab-"))
     echo_port = po.free_port()
@@ -149,6 +162,15 @@ def main() -> None:
                 "queue_size": 1024,
                 "workers": 4,
                 "daily_cap_usd": 1e6,
+            }
+        if a.session is not None:
+            for n in trees:
+                prefix = f"proxy-ab-{os.getpid()}-{n}"
+                extra[n]["budgets"] = {"store": "redis", "redis_url": a.redis, "key_prefix": prefix}
+                extra[n]["default_policy"] = "ab"  # type: ignore[assignment]
+                extra[n]["policies"] = {"ab": {"type": "threshold"}}
+            extra["this"]["policies"] = {
+                "ab": {"type": "threshold", "session": {"mode": a.session}}
             }
         targets = {n: start(stack, t, echo_url, tmp / n, extra[n]) for n, t in trees.items()}
         urls = {"direct": f"{echo_url}/chat/completions", **{n: u for n, (u, _) in targets.items()}}

@@ -102,6 +102,11 @@ class RoutingDataset:
     completion_tokens: np.ndarray | None = None
     timestamps: np.ndarray | None = None
     teams: np.ndarray | None = None
+    # A trace's prompt-cache breakdown (docs/pricing.md) and the tier whose cache it was: the
+    # simulator prices a record's cached tokens only on that tier. NaN / None: not recorded.
+    cached_tokens: np.ndarray | None = None
+    cache_write_tokens: np.ndarray | None = None
+    served_tiers: np.ndarray | None = None
     # Model answers when the data has them (RouteLLM `<model>_response`); training-time only.
     small_responses: list[str] | None = None
     large_responses: list[str] | None = None
@@ -146,6 +151,9 @@ class RoutingDataset:
             completion_tokens=pick(self.completion_tokens),
             timestamps=pick(self.timestamps),
             teams=pick(self.teams),
+            cached_tokens=pick(self.cached_tokens),
+            cache_write_tokens=pick(self.cache_write_tokens),
+            served_tiers=pick(self.served_tiers),
             small_responses=pick_list(self.small_responses),
             large_responses=pick_list(self.large_responses),
         )
@@ -163,6 +171,9 @@ class _Rows:
     completion_tokens: list[float] = field(default_factory=list)
     timestamps: list[float] = field(default_factory=list)
     teams: list[str | None] = field(default_factory=list)
+    cached_tokens: list[float] = field(default_factory=list)
+    cache_write_tokens: list[float] = field(default_factory=list)
+    served_tiers: list[str | None] = field(default_factory=list)
     small_responses: list[str | None] = field(default_factory=list)
     large_responses: list[str | None] = field(default_factory=list)
     excluded: int = 0
@@ -235,9 +246,16 @@ def _read_csv(path: Path, root: Path, small: str, large: str, exclude: bool, row
             rows.source.append(trace_stem(path))
             rows.small_responses.append(row.small_response)
             rows.large_responses.append(row.large_response)
-            for extra in (rows.prompt_tokens, rows.completion_tokens, rows.timestamps):
+            for extra in (
+                rows.prompt_tokens,
+                rows.completion_tokens,
+                rows.timestamps,
+                rows.cached_tokens,
+                rows.cache_write_tokens,
+            ):
                 extra.append(float("nan"))
             rows.teams.append(None)
+            rows.served_tiers.append(None)
     except CsvFormatError as exc:
         # The format's messages already name the file and line ("<file>: line N: ...").
         raise DatasetError(str(exc)) from None
@@ -297,6 +315,10 @@ def _read_trace(
             rows.completion_tokens.append(_num(record.completion_tokens))
             rows.timestamps.append(record.time)
             rows.teams.append(record.team)
+            rows.cached_tokens.append(_num(record.cached_tokens))
+            rows.cache_write_tokens.append(_num(record.cache_write_tokens))
+            # The tier that answered: the last one tried (a fallback's), else the chosen one.
+            rows.served_tiers.append(record.tiers_tried[-1] if record.tiers_tried else record.tier)
             rows.small_responses.append(None)
             rows.large_responses.append(None)
     except TraceFormatError as exc:
@@ -381,6 +403,9 @@ def _to_dataset(rows: _Rows, small: str | None, large: str | None) -> RoutingDat
         completion_tokens=optional(rows.completion_tokens),
         timestamps=optional(rows.timestamps),
         teams=None if all(t is None for t in rows.teams) else teams,
+        cached_tokens=optional(rows.cached_tokens),
+        cache_write_tokens=optional(rows.cache_write_tokens),
+        served_tiers=np.asarray(rows.served_tiers, dtype=object),
         small_responses=[r or "" for r in rows.small_responses] if has_small else None,
         large_responses=[r or "" for r in rows.large_responses] if has_large else None,
         excluded_contaminated=rows.excluded,
@@ -425,6 +450,11 @@ def concat(first: RoutingDataset, second: RoutingDataset) -> RoutingDataset:
         completion_tokens=column(first.completion_tokens, second.completion_tokens, float("nan")),
         timestamps=column(first.timestamps, second.timestamps, float("nan")),
         teams=column(first.teams, second.teams, None),
+        cached_tokens=column(first.cached_tokens, second.cached_tokens, float("nan")),
+        cache_write_tokens=column(
+            first.cache_write_tokens, second.cache_write_tokens, float("nan")
+        ),
+        served_tiers=column(first.served_tiers, second.served_tiers, None),
         small_responses=texts(first.small_responses, second.small_responses),
         large_responses=texts(first.large_responses, second.large_responses),
         excluded_contaminated=first.excluded_contaminated + second.excluded_contaminated,

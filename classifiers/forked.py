@@ -31,7 +31,9 @@ def forked_map(fn: Callable[[T], R], items: Sequence[T], data: Any, jobs: int = 
     `jobs` > 1, in that many forked worker processes (ProcessPoolExecutor.map); else here, one
     item per `next()`. The results do not depend on `jobs`."""
     global _SHARED
-    _SHARED = data
+    # Nested calls (an out-of-fold report inside a benchmark's forked fit) restore the outer
+    # input when they finish.
+    outer, _SHARED = _SHARED, data
     try:
         if jobs <= 1:
             yield from map(fn, items)
@@ -40,4 +42,4 @@ def forked_map(fn: Callable[[T], R], items: Sequence[T], data: Any, jobs: int = 
             with ProcessPoolExecutor(jobs, mp_context=context) as pool:
                 yield from pool.map(fn, items)
     finally:
-        _SHARED = None
+        _SHARED = outer

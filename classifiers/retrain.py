@@ -56,6 +56,7 @@ class TrainOptions:
     folds: int = 5  # out-of-fold report over `own` (0: no report, no .oof.jsonl)
     rounds: int = 1000  # bootstrap resamples of the comparison
     current_model: Path | None = None  # the model compared against; None: the shipped one
+    jobs: int = 1  # out-of-fold fits at once (forked workers; the figures do not depend on it)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,16 @@ def train_model(
                 "out-of-fold report; none written"
             )
         else:
-            oof = out_of_fold(dataset, options.config, evaluated, options.folds, weights, step)
+            oof = out_of_fold(
+                dataset,
+                options.config,
+                evaluated,
+                options.folds,
+                weights,
+                step,
+                jobs=options.jobs,
+                with_final=options.jobs > 1,  # the final fit shares the workers with the folds
+            )
             step("scoring with the current model")
             scorer = DifficultyScorer.load(current_path)
             current_path = scorer.path
@@ -134,7 +144,9 @@ def train_model(
                 warnings.append(note)
     warnings += _uncertainty(n_own, comparison)
     step("fitting the model")
-    pipeline = fit(dataset, options.config, step, weights)
+    pipeline = oof.final if oof is not None and oof.final is not None else None
+    if pipeline is None:
+        pipeline = fit(dataset, options.config, step, weights)
     step("exporting to ONNX")
     trained = known(dataset.small, dataset.large)
     meta = metadata_for(dataset, options.config, pipeline, list(data or []))

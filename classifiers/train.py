@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -41,6 +42,7 @@ from sklearn.preprocessing import StandardScaler
 
 from classifiers.dataset import RoutingDataset
 from classifiers.features import NUMERIC_INPUTS, model_inputs
+from classifiers.forked import forked_map, shared
 from classifiers.labels import gain_class, known
 
 # Words: maximal runs of 2+ word characters. classifiers.ngram_pool reproduces exactly this
@@ -351,6 +353,7 @@ class OutOfFold:
     rows: np.ndarray
     scores: np.ndarray
     folds: np.ndarray
+    final: Pipeline | None = None  # with_final: the model fitted on every labelled row
 
 
 def out_of_fold(
@@ -361,11 +364,15 @@ def out_of_fold(
     weights: np.ndarray | None = None,
     progress: Progress | None = None,
     inputs: pd.DataFrame | None = None,
+    jobs: int = 1,
+    with_final: bool = False,
 ) -> OutOfFold:
     """Out-of-fold scores of the labelled rows that `evaluated` (bool mask over the dataset; None:
     all) selects, each from a model fitted as `fit` fits (same weights) without that row's fold.
     `inputs`: `frame(dataset.prompts)` when the caller has it already (a benchmark that trains
-    many times on rows of one pool prepares the inputs once).
+    many times on rows of one pool prepares the inputs once). `jobs`: folds fitted at once, in
+    forked workers (classifiers/forked.py); the scores do not depend on it. `with_final`: also
+    fit the model `fit` fits (every labelled row, same weights) among them, as `final`.
 
     Rows outside `evaluated` (e.g. the shipped training data added to a team's own traffic) are
     in every fold's training set and are never scored: the figures are about the evaluated rows.
@@ -391,22 +398,50 @@ def out_of_fold(
     seen = (data["mc_text"] + "\x00" + data["open_text"]).to_numpy()[own_idx]
     _texts, first, group = np.unique(seen, return_index=True, return_inverse=True)
     strata = dataset.benchmark[rows][own_idx][first]
-    for k, (_train_groups, test_groups) in enumerate(fold_splits(strata, folds, config.seed)):
-        if progress:
-            progress(f"fold {k + 1}/{folds}")
-        test_mask = np.isin(group, test_groups)
-        train, test = np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
-        fit_idx = np.concatenate([base_idx, own_idx[train]])
-        pipeline = fit_frame(
-            data.iloc[fit_idx],
-            labels[fit_idx],
-            config,
-            sources[fit_idx],
-            None if w is None else w[fit_idx],
+    tests = [np.flatnonzero(np.isin(group, g)) for _t, g in fold_splits(strata, folds, config.seed)]
+    fits = [
+        (np.concatenate([base_idx, own_idx[np.setdiff1d(np.arange(len(own_idx)), t)]]), t)
+        for t in tests
+    ]
+    if progress:
+        progress(
+            f"fold 1/{folds}: fitting on {len(fits[0][0]):,} rows"
+            + (f" ({min(jobs, folds)} at a time)" if jobs > 1 else "")
         )
-        scores[test] = predict_scores(pipeline, data.iloc[own_idx[test]])
-        fold_of[test] = k
-    return OutOfFold(rows[own_idx], scores, fold_of)
+    tasks: list[tuple[np.ndarray, np.ndarray | None]] = list(fits)
+    if with_final:  # the model `fit` fits (every labelled row), beside the folds
+        tasks.append((np.arange(len(rows)), None))
+    shared_input = (data, labels, sources, w, own_idx, config)
+    final: Pipeline | None = None
+    # Each fit is independent: with jobs > 1 they run in forked workers (same results).
+    with closing(forked_map(_fold_fit, tasks, shared_input, jobs)) as results:
+        for k, ((_fit_idx, test), result) in enumerate(zip(tasks, results, strict=True)):
+            if test is None:
+                assert isinstance(result, Pipeline)
+                final = result
+                continue
+            scores[test] = result
+            fold_of[test] = k
+            if progress and k + 1 < folds:
+                progress(f"fold {k + 2}/{folds}: fitting on {len(fits[k + 1][0]):,} rows")
+    return OutOfFold(rows[own_idx], scores, fold_of, final)
+
+
+def _fold_fit(task: tuple[np.ndarray, np.ndarray | None]) -> np.ndarray | Pipeline:
+    """One fit of `out_of_fold` (in a worker or not): a fold's, fitted without the fold's rows,
+    gives their scores; the final one (no rows held out) gives the pipeline."""
+    data, labels, sources, w, own_idx, config = shared()
+    fit_idx, test = task
+    pipeline = fit_frame(
+        data.iloc[fit_idx],
+        labels[fit_idx],
+        config,
+        sources[fit_idx],
+        None if w is None else w[fit_idx],
+    )
+    if test is None:
+        return pipeline
+    return predict_scores(pipeline, data.iloc[own_idx[test]])
 
 
 def with_overrides(config: TrainConfig, **overrides: Any) -> TrainConfig:

@@ -15,14 +15,54 @@ from policies.budgets.scopes import ScopeLimits
 from policies.budgets.store import BudgetStore
 from policies.config import AuthConfig, BudgetLimit
 from policies.keys import AuthError, KeyRecord, KeyRing, bearer_token, hash_key, key_id_of
+from policies.names import KEY_ID_MIN_LEN, check_key_id, check_name, check_team_to_read
 
 # A key id is a prefix of the key's sha256; fewer digits than this would match too many keys.
-MIN_KEY_ID_DIGITS = 8
+MIN_KEY_ID_DIGITS = KEY_ID_MIN_LEN
 
 
 class AdminInputError(KeyError):
-    """An argument that cannot be used (CLI: exit 2; API: 400). A KeyError, like KeyRing.find's
-    "no such key" (CLI: exit 2; API: 404), so the CLI treats both the same way."""
+    """An argument that cannot be used (CLI: exit 2; API: 400 naming `param`). A KeyError, like
+    KeyRing.find's "no such key" (CLI: exit 2; API: 404), so the CLI treats both the same way."""
+
+    def __init__(self, message: str, param: str = "key_id") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def checked_name(kind: str, value: str, param: str) -> str:
+    """policies/names.py's rule, refused as bad input naming `param` (the field or option)."""
+    try:
+        return check_name(kind, value)
+    except ValueError as exc:
+        raise AdminInputError(str(exc), param) from None
+
+
+def check_key_names(team: str, user: str | None = None, name: str | None = None) -> None:
+    """The names a new key is stored with; the CLI calls this before it says anything else
+    about the team, the API's body model applies the same rule (policies/names.py)."""
+    checked_name("team", team, "team")
+    if user is not None:
+        checked_name("user", user, "user")
+    if name is not None:
+        checked_name("key name", name, "name")
+
+
+def checked_team(team: str, *, reading: bool = False) -> str:
+    """A team an action names. Writes (limits, resets) refuse reserved names: an override on
+    `__shadow__` would lift the shadow cap that `evaluation.daily_cap_usd` sets. Reads may name
+    one (the shadow spend is shown like a team's) but must otherwise be a valid name."""
+    try:
+        return check_team_to_read(team) if reading else check_name("team", team)
+    except ValueError as exc:
+        raise AdminInputError(str(exc), "team") from None
+
+
+def checked_key_id(key_id: str) -> str:
+    try:
+        return check_key_id(key_id)
+    except ValueError as exc:
+        raise AdminInputError(str(exc), "key_id") from None
 
 
 class KeyNotFound(KeyError):
@@ -91,11 +131,18 @@ class Admin:
         self, team: str, user: str | None = None, name: str | None = None
     ) -> tuple[str, KeyRecord]:
         """The raw key (shown once; only its sha256 is stored) and its record."""
+        check_key_names(team, user, name)
+        if team in self.ring.removed_teams:
+            # Its keys are refused at request time (docs/budgets.md): a new one would be dead.
+            raise AdminInputError(
+                f"team {team!r} is listed under removed_teams: its keys are refused", "team"
+            )
         return await self.ring.create(team, user, name)
 
     async def find_key(self, key_id: str) -> KeyRecord:
         if len(key_id) < MIN_KEY_ID_DIGITS:
             raise AdminInputError(f"give at least {MIN_KEY_ID_DIGITS} hex digits of the key id")
+        key_id = checked_key_id(key_id)
         try:
             return await self.ring.find(key_id)
         except KeyError as exc:
@@ -105,6 +152,7 @@ class Admin:
         """Every replica refuses the key within budgets.key_cache_s."""
         if len(key_id) < MIN_KEY_ID_DIGITS:
             raise AdminInputError(f"give at least {MIN_KEY_ID_DIGITS} hex digits of the key id")
+        key_id = checked_key_id(key_id)
         try:
             return await self.ring.revoke(key_id)
         except KeyError as exc:
@@ -122,31 +170,33 @@ class Admin:
     async def standing(self, team: str | None = None) -> list[dict[str, Any]]:
         """Each scope's standing (team, and keys with their own limits) in the current period."""
         out = []
-        for name in [team] if team else await self.teams():
+        names = [checked_team(team, reading=True)] if team is not None else await self.teams()
+        for name in names:
             for status in await self.store.status(self.limits.scope(name)):
                 out.append({"team": name, **status.to_json()})
         return out
 
     async def _key_id(self, key: str | None) -> str | None:
-        return (await self.find_key(key)).key_id if key else None
+        return (await self.find_key(key)).key_id if key is not None else None
 
     async def set_limit(self, team: str, key: str | None, limit: BudgetLimit | None) -> None:
         """Override the team's (or one of its keys') limit at once; None drops the override,
         and the config's limit applies again."""
-        await self.store.set_limit(team, await self._key_id(key), limit)
+        await self.store.set_limit(checked_team(team), await self._key_id(key), limit)
 
     async def reset(self, team: str, key: str | None = None) -> int:
         """Zero the current period's spend; returns what was wiped (nanos). The ledger keeps a
         `reset` entry for audit."""
-        return await self.store.reset(team, await self._key_id(key))
+        return await self.store.reset(checked_team(team), await self._key_id(key))
 
     async def ledger(self, team: str) -> list[LedgerEntry]:
-        return await self.store.ledger(team)
+        return await self.store.ledger(checked_team(team, reading=True))
 
     async def audit(self, team: str | None = None) -> list[AuditRow]:
         """Spend rebuilt from the ledger next to the stored spend, per scope and period."""
         rows = []
-        for name in [team] if team else await self.store.teams():
+        every = [checked_team(team, reading=True)] if team is not None else None
+        for name in every or await self.store.teams():
             stored = await self.store.spend(name)
             rebuilt = spend_from_ledger(await self.store.ledger(name))
             for scope, pid in sorted(set(stored) | set(rebuilt)):

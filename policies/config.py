@@ -4,13 +4,43 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from policies.names import check_name
 from trace_format.config_base import StrictModel
+
+
+def _named(kind: str) -> BeforeValidator:
+    # policies/names.py's rule (one for the config, the CLI and the admin API), before the str
+    # check: a bad name is one error naming its key; a value that is not a str is left to
+    # pydantic's own error.
+    return BeforeValidator(lambda v: check_name(kind, v) if isinstance(v, str) else v)
+
+
+TeamName = Annotated[str, _named("team")]
+UserName = Annotated[str, _named("user")]
+KeyName = Annotated[str, _named("key name")]
+
+
+def _team_keys(value: Any) -> Any:
+    # Team names are mapping keys: checked before the sections, so a refused name (NUL, 10,000
+    # characters) is reported once, escaped, under `teams`, never echoed raw as a key path.
+    if isinstance(value, dict):
+        for name in value:
+            if isinstance(name, str):
+                check_name("team", name)
+    return value
 
 
 class PolicyConfig(StrictModel):
@@ -46,12 +76,17 @@ class ExperimentConfig(StrictModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     arms: dict[str, ExperimentArm] = Field(min_length=1)
-    unit: Literal["team", "key", "user", "header"] = "team"
+    unit: Literal["team", "key", "user", "header", "session"] = Field(
+        default="team",
+        description="what is assigned to an arm: a team, an API key, the body's `user`, a "
+        "header's value, or a conversation (session: docs/conversations.md, so a "
+        "conversation never changes arm mid-way)",
+    )
     header: str | None = Field(default=None, description="header name for unit 'header'")
     salt: str = Field(default="", description="'' = the experiment name")
     start: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
     stop: datetime | None = Field(default=None, description="ISO 8601; naive = UTC")
-    teams: list[str] | None = Field(default=None, description="None = all teams")
+    teams: list[TeamName] | None = Field(default=None, description="None = all teams")
 
     @field_validator("start", "stop")
     @classmethod
@@ -94,11 +129,15 @@ class TeamConfig(StrictModel):
     policy: str | None = None
 
 
+# The `teams:` section (router/config.py RouterConfig.teams): team name -> its settings.
+Teams = Annotated[dict[str, TeamConfig], BeforeValidator(_team_keys)]
+
+
 class KeyConfig(StrictModel):
     key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 hex of the API key")
-    team: str
-    user: str | None = None
-    name: str | None = None
+    team: TeamName
+    user: UserName | None = None
+    name: KeyName | None = None
     budget: BudgetLimit | None = None
     policy: str | None = None
 
@@ -110,7 +149,7 @@ class AdminKeyConfig(StrictModel):
 
 class AuthConfig(StrictModel):
     required: bool = Field(default=False, description="require Authorization: Bearer <key>")
-    default_team: str = "default"
+    default_team: TeamName = "default"
     admin_keys: list[AdminKeyConfig] = Field(
         default_factory=list,
         description="keys of the admin API (/admin/v1/...), stored as sha256 like every key; "
@@ -152,10 +191,13 @@ class BudgetsConfig(StrictModel):
         description="send default_max_tokens upstream when the client gave none, so the "
         "reserved worst case is a true upper bound",
     )
-    prompt_estimate: Literal["bytes", "tiktoken"] = Field(
-        default="bytes",
-        description="prompt-token bound for reservations: 'bytes' (UTF-8 bytes, a strict upper "
-        "bound for byte-level BPE) or 'tiktoken' (tighter, not a strict bound)",
+    prompt_estimate: Literal["tokenizer", "bytes", "tiktoken"] = Field(
+        default="tokenizer",
+        description="prompt-token bound for reservations: 'tokenizer' (the tier's own tokenizer "
+        "and chat template where known, a llama.cpp tier launched from a GGUF, plus 2% and 8 "
+        "tokens; else bytes), 'bytes' (UTF-8 bytes of the prompt's JSON, a strict upper bound "
+        "for byte-level BPE, ~4x over) or 'tiktoken' (cl100k +25%, not a bound for other "
+        "tokenizers)",
     )
     timezone: str = "UTC"
     downgrade: bool = True

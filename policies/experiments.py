@@ -9,6 +9,7 @@ adding, removing or reweighting arms (or changing the salt) does.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ class UnitContext:
     key: str | None = None  # the key's public id (Identity.key_id), never the key itself
     user: str | None = None  # the request body's `user` field
     headers: Mapping[str, str] | None = None  # lower-case names
+    session: str | None = None  # the conversation's id (policies/sessions/identity.py)
 
     def unit(self, exp: ExperimentConfig) -> str | None:
         if exp.unit == "header":
@@ -71,6 +73,22 @@ class Assignment:
     experiment: str
     arm: str
     policy: str
+    unit: str = ""  # the unit kind the arm was assigned by (ExperimentConfig.unit)
+    unit_id: str = ""  # its value as traces record it (unit_id): the A/B report's cluster
+
+
+# Units whose value may be personal or secret (a body's `user` is often an email; a header can
+# carry anything): traces record a hash. Teams, key ids and session ids are in the trace already.
+HASHED_UNITS = frozenset({"user", "header"})
+
+
+def unit_id(kind: str, value: str, salt: str) -> str:
+    """What the trace records of a unit's value: the value, or for HASHED_UNITS 16 hex digits of
+    sha256(salt, value): the same unit always gives the same id (the report groups by it),
+    and the raw value is not written."""
+    if kind not in HASHED_UNITS:
+        return value
+    return "h:" + hashlib.sha256(f"{salt}\x00{value}".encode()).hexdigest()[:16]
 
 
 class ExperimentSet:
@@ -78,6 +96,8 @@ class ExperimentSet:
 
     def __init__(self, configs: Sequence[ExperimentConfig]) -> None:
         self.experiments = [Experiment(c) for c in configs]
+        # Whether a request's session id must be known before an arm is assigned.
+        self.by_session = any(c.unit == "session" for c in configs)
 
     def assign(self, units: UnitContext, now: float) -> Assignment | None:
         for exp in self.experiments:
@@ -87,5 +107,8 @@ class ExperimentSet:
             if unit is None:
                 continue
             arm = exp.arm_for(unit)
-            return Assignment(exp.name, arm, exp.policy_of(arm))
+            kind = exp.config.unit
+            return Assignment(
+                exp.name, arm, exp.policy_of(arm), kind, unit_id(kind, unit, exp.salt)
+            )
         return None

@@ -12,13 +12,14 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import orjson
 
 from policies.config import AuthConfig, KeyConfig
+from policies.names import is_reserved
 
 log = logging.getLogger("cost_router.keys")
 
@@ -153,7 +154,11 @@ class KeyRing:
     replica has seen revoked stays refused (401) for the life of the process; a key it verified
     against the store at most `outage_grace_s` before its last successful store call is judged
     as the store last said; any other key, config keys included (the store may hold their
-    revocation), is refused with 503 when auth is required and treated as anonymous otherwise."""
+    revocation), is refused with 503 when auth is required and treated as anonymous otherwise.
+
+    `removed_teams` (the config's `removed_teams`): teams an operator removed on purpose. Their
+    keys are refused (401 team_removed) rather than admitted as a team without a config section,
+    which would have no spend limit."""
 
     def __init__(
         self,
@@ -162,9 +167,13 @@ class KeyRing:
         store: KeyStore,
         cache_s: float = 5.0,
         outage_grace_s: float = 300.0,
+        removed_teams: Collection[str] = (),
     ) -> None:
         self.required = auth.required
+        self.removed_teams = frozenset(removed_teams)
         self.default_team = auth.default_team
+        # Admin keys serve the admin API only: on the models they are told so, not "incorrect".
+        self._admin_keys = frozenset(k.key_sha256 for k in auth.admin_keys)
         self.store = store
         self.cache_s = cache_s
         self.outage_grace_s = outage_grace_s
@@ -235,6 +244,13 @@ class KeyRing:
                 )
             return Identity(self.default_team)
         digest = hash_key(token)
+        if digest in self._admin_keys:
+            # Refused with or without auth.required: an admin key charges no team.
+            raise AuthError(
+                "This is an admin key (auth.admin_keys): it serves the admin API (/admin/v1) "
+                "only; call the models with a team's API key.",
+                "admin_key_not_allowed",
+            )
         try:
             record = await self._runtime(digest) or self._config.get(digest)
         except Exception as exc:  # noqa: BLE001 - any store failure is an outage here
@@ -247,6 +263,20 @@ class KeyRing:
             return Identity(self.default_team)
         if record.revoked is not None:
             raise AuthError("This API key has been revoked.", "revoked_api_key")
+        if record.team in self.removed_teams:
+            raise AuthError(
+                f"This API key's team {record.team!r} has been removed from the configuration "
+                "(removed_teams).",
+                "team_removed",
+            )
+        if is_reserved(record.team):
+            # A run-time key made before names were checked (policies/names.py) would spend
+            # against an internal scope, such as the shadow cap, with no limit of its own.
+            raise AuthError(
+                "This API key's team name is reserved for internal scopes; create a key of "
+                "another team.",
+                "reserved_team",
+            )
         return Identity(record.team, record.key_id, record.user)
 
     async def create(

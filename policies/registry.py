@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from policies import budget_pacing, fixed, random_split, threshold, tiers
 from policies.base import Policy
 from policies.config import ExperimentConfig, KeyConfig, PolicyConfig, TeamConfig
+from policies.sessions.config import DEFAULT_SESSION, SessionParams
 from policies.spec import (
     Builder,
     PolicyEnv,
@@ -35,6 +36,7 @@ __all__ = [
     "build_policies",
     "default_policy",
     "parse_params",
+    "session_settings",
     "tiers_by_price",
     "validate_policy_params",
 ]
@@ -133,3 +135,12 @@ def build_policies(policies: Mapping[str, PolicyConfig], env: PolicyEnv) -> dict
         own = env if policy.model_path is None else replace(env, model_path=policy.model_path)
         built[name] = SPECS[policy.type].build(Builder(name, own, cache), params)
     return built
+
+
+def session_settings(policies: Mapping[str, PolicyConfig]) -> dict[str, SessionParams]:
+    """Each configured policy's `session:` option (the default where it sets none); the
+    built-in default policy, when none is configured, takes the default. Raises ConfigError."""
+    return {
+        name: parse_params(name, policy).session or DEFAULT_SESSION
+        for name, policy in policies.items()
+    }

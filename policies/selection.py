@@ -21,6 +21,7 @@ from policies.base import Policy
 from policies.config import ExperimentConfig, KeyConfig, TeamConfig
 from policies.experiments import ExperimentSet, UnitContext
 from policies.keys import key_id_of
+from policies.sessions.config import DEFAULT_SESSION, SessionParams
 
 ROUTER_PREFIX = "router:"
 
@@ -43,6 +44,8 @@ class Selection:
     tier: str | None = None
     experiment: str | None = None
     arm: str | None = None
+    unit: str | None = None  # the experiment's unit kind and the unit's traced id (Assignment)
+    unit_id: str | None = None
 
     @property
     def policy_name(self) -> str | None:
@@ -63,8 +66,10 @@ class PolicySelector:
         teams: Mapping[str, TeamConfig] | None = None,
         keys: Sequence[KeyConfig] = (),
         experiments: Sequence[ExperimentConfig] = (),
+        sessions: Mapping[str, SessionParams] | None = None,
     ) -> None:
         self.policies = dict(policies)
+        self._sessions = dict(sessions or {})
         self.default_policy = default_policy
         self.experiments = ExperimentSet(experiments)
         self._passthrough = {t.name: t.name for t in tiers}
@@ -80,6 +85,10 @@ class PolicySelector:
         except KeyError:
             raise UnknownPolicyError(name, list(self.policies)) from None
 
+    def session(self, policy_name: str | None) -> SessionParams:
+        """The policy's `session:` option (the default for one that sets none)."""
+        return self._sessions.get(policy_name or "", DEFAULT_SESSION)
+
     def select(
         self,
         model: str | None,
@@ -89,16 +98,18 @@ class PolicySelector:
         user: str | None = None,
         headers: Mapping[str, str] | None = None,
         now: float | None = None,
+        session: str | None = None,
     ) -> Selection:
         """key_id: the key's public id (Identity.key_id); user: the request body's `user` field;
-        headers: lower-case names (Starlette's Headers are case-insensitive already)."""
+        headers: lower-case names (Starlette's Headers are case-insensitive already);
+        session: the conversation's id, for experiments by session."""
         if model is not None:
             tier = self._passthrough.get(model)
             if tier is not None:
                 return Selection(None, "passthrough", tier=tier)
             if model.startswith(ROUTER_PREFIX):
                 return Selection(self.policy(model[len(ROUTER_PREFIX) :]), "request")
-        units = UnitContext(team=team, key=key_id, user=user, headers=headers)
+        units = UnitContext(team=team, key=key_id, user=user, headers=headers, session=session)
         assigned = self.experiments.assign(units, time.time() if now is None else now)
         if assigned is not None:
             return Selection(
@@ -106,6 +117,8 @@ class PolicySelector:
                 "experiment",
                 experiment=assigned.experiment,
                 arm=assigned.arm,
+                unit=assigned.unit,
+                unit_id=assigned.unit_id,
             )
         if key_id is not None and key_id in self._key_policy:
             return Selection(self.policy(self._key_policy[key_id]), "key")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from backends.config import Price
 from classifiers.model_files import ModelFiles
 from policies.base import Policy
+from policies.sessions.config import SessionParams
 from policies.target_share import ReferenceTraceError, convert_share, load_reference_scores
 from trace_format.config_base import ConfigError
 
@@ -61,6 +62,12 @@ class PolicyParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: str
+    # Every type takes it: how decisions hold across a conversation (policies/sessions/).
+    session: SessionParams | None = Field(
+        default=None,
+        description="session mode (docs/conversations.md); none = per_request with tool loops "
+        "kept on their tier",
+    )
 
 
 class ShareSource(PolicyParams):

@@ -13,6 +13,7 @@ from router.commands.budget import budget_app, keys_app
 from router.commands.classifier import classifier_app
 from router.commands.config_reference import register_config_reference
 from router.commands.drift import drift_app
+from router.commands.grades import grades_app
 from router.commands.levers import levers_app
 from router.commands.promote import promote_cmd, rollback_cmd
 from router.commands.serve import config_app, register_serve
@@ -36,6 +37,7 @@ app.add_typer(budget_app, name="budget", help="Show and manage team budgets.")
 app.add_typer(ab_app, name="ab", help="A/B experiments between policies.")
 app.add_typer(backends_app, name="backends", help="Plan and launch tier servers (vLLM, llama.cpp).")
 app.add_typer(drift_app, name="drift", help="Drift of scores, large share and quality over time.")
+app.add_typer(grades_app, name="grades", help="Import offline grades as labels beside the traces.")
 app.add_typer(
     levers_app,
     name="levers",

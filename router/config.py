@@ -31,7 +31,8 @@ from policies.config import (
     ExperimentConfig,
     KeyConfig,
     PolicyConfig,
-    TeamConfig,
+    TeamName,
+    Teams,
 )
 from policies.registry import PolicyEnv, check_routing
 from router.learning.config import EvaluationConfig, check_evaluation
@@ -46,6 +47,7 @@ __all__ = [
     "simulator_defaults",
     "write_threshold",
     "config_from_dict",
+    "config_from_yaml",
     "edit_config",
     "load_config",
     "section_from_env",
@@ -105,6 +107,21 @@ class EmbeddingsConfig(StrictModel):
     )
 
 
+def _check_removed_teams(config: RouterConfig) -> None:
+    """A removed team is refused everywhere, so nothing may still name it as its own."""
+    removed = set(config.removed_teams)
+    problems = [f"removed_teams: {t!r} is also under teams" for t in config.teams if t in removed]
+    problems += [
+        f"keys.{i}.team: {k.team!r} is listed under removed_teams"
+        for i, k in enumerate(config.keys)
+        if k.team in removed
+    ]
+    if config.auth.default_team in removed:
+        problems.append(f"auth.default_team: {config.auth.default_team!r} is under removed_teams")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 class RouterConfig(StrictModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     classifier: ClassifierConfig = Field(default_factory=ClassifierConfig)
@@ -112,7 +129,13 @@ class RouterConfig(StrictModel):
     default_policy: str = "balanced"
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     experiments: list[ExperimentConfig] = Field(default_factory=list)
-    teams: dict[str, TeamConfig] = Field(default_factory=dict)
+    teams: Teams = Field(default_factory=dict)
+    removed_teams: list[TeamName] = Field(
+        default_factory=list,
+        description="teams removed on purpose: a hot reload may drop their `teams` sections "
+        "(one that drops a team not listed here is refused), and their run-time keys are "
+        'refused (401 team_removed); docs/budgets.md, "Reloads that remove a team"',
+    )
     keys: list[KeyConfig] = Field(default_factory=list)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
@@ -174,6 +197,7 @@ class RouterConfig(StrictModel):
             self.keys,
             self.experiments,
         )
+        _check_removed_teams(self)
         team_names = {*self.teams, *(k.team for k in self.keys), self.auth.default_team}
         check_evaluation(
             self.evaluation,
@@ -340,13 +364,21 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> R
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    return config_from_yaml(text, p, environ)
+
+
+def config_from_yaml(
+    text: str, path: str | Path, environ: Mapping[str, str] | None = None
+) -> RouterConfig:
+    """The config in `text`, read from `path` (named in errors). A hot reload parses the very
+    bytes it saw stay unchanged, never a second read that a writer may have cut."""
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {_yaml_problem(exc)}") from None
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: top level must be a mapping")
-    return config_from_dict(data, source=str(p), environ=environ)
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return config_from_dict(data, source=str(path), environ=environ)
 
 
 # Editing a config file from a command (`tune --write`, `classifier promote|rollback`). The edited

@@ -16,21 +16,30 @@ Requests are counted whatever their status; cost counts every request (errors co
 uses the successful ones (status < 400).
 
 The table above treats requests as independent, which they are only when each request is
-assigned on its own. When the experiment assigns teams, keys or users (`experiments[].unit`, the
-default is `team`), one unit's requests share an arm and tend to resemble each other, so the
-per-request intervals are too narrow. Then every interval and p-value comes from a **cluster
-bootstrap**: whole units are resampled with replacement within each arm (999 resamples), the
-difference's interval is the percentile interval of the resampled differences and its p-value
-the two-sided bootstrap p; the traffic split is checked on units per arm. The unit is the
-config's (`ab report --config`), else inferred from the traces: among `team`, `key_id` and `user`,
-the field whose every value stays in one arm (the coarsest such), if any value has several
-requests. The report says which unit it resampled and why.
+assigned on its own. When the experiment assigns teams, keys, users, a header or sessions
+(`experiments[].unit`, the default is `team`), one unit's requests share an arm and tend to
+resemble each other, so the per-request intervals are too narrow. Then every interval and p-value
+comes from a **cluster bootstrap**: whole units are resampled with replacement within each arm
+(999 resamples), the difference's interval is the percentile interval of the resampled
+differences and its p-value the two-sided bootstrap p; the traffic split is checked on units per
+arm.
+
+The unit is, in order: `unit="request"` when asked for (`ab report --unit request`); what the
+traces record (`ab_unit` and `ab_unit_id`: the unit that assigned each request's arm, which for
+`user` is the request body's `user`, not the API key's user in the `user` field); for traces from
+before those fields, the config's unit (`--config` or `--unit`) read from the trace's own field
+(`team`, `key_id`, `user`, `session`), else one inferred from the traces: the coarsest of those
+fields whose every value stays in one arm. The report says which unit it resampled and why.
+
+It refuses, rather than print, an interval it cannot compute: a unit found in two arms (the field
+is not what assigned them), fewer than 2 units in an arm, or a metric with no variance (its
+interval and p-value are shown as not computed, with the reason).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +56,11 @@ Z95 = 1.959963984540054
 
 class ReportError(ValueError):
     """Missing or unusable input; the message says which."""
+
+
+class Unanswerable(ReportError):
+    """The traces are readable but hold no interval to give (too few units, a unit in two arms,
+    a unit they do not record): the message says why, and nothing is printed in its place."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class Comparison:
     diff: Estimate
     p_value: float
     test: str
+    note: str = ""  # why no interval or p-value was computed (they are NaN then)
 
 
 @dataclass
@@ -86,6 +101,7 @@ class ABReport:
     # "user": cluster bootstrap), and why that unit (config or inferred).
     unit: str = "request"
     unit_source: str = ""
+    unit_note: str = ""  # what was assumed of older traces (resolve_unit), or ""
 
     @property
     def total(self) -> int:
@@ -94,8 +110,14 @@ class ABReport:
 
 NAN_EST = Estimate(math.nan, math.nan, math.nan, 0)
 RESAMPLES = 999
-# Trace field that holds each assignment unit's value (policies/experiments.py UnitContext).
-UNIT_FIELDS = {"team": "team", "key": "key_id", "user": "user"}
+# Trace fields of traces from before `ab_unit_id`: where each unit's value may be found
+# (policies/experiments.py UnitContext). The `user` field is the API key's user, which is the
+# assignment's only when the request body carried none.
+UNIT_FIELDS = {"team": "team", "key": "key_id", "user": "user", "session": "session"}
+# Units whose values traces before `ab_unit_id` do not record at all.
+UNRECORDED = ("header",)
+KNOWN_UNITS = ("request", *UNIT_FIELDS, *UNRECORDED)
+NO_VARIANCE = "not computed: no variance"
 
 
 # ---------------------------------------------------------------- reading
@@ -156,8 +178,8 @@ def mean_ci(x: np.ndarray, scale: float = 1.0) -> Estimate:
     if n < 2:
         return Estimate(m, math.nan, math.nan, n)
     sem = float(stats.sem(x)) * scale
-    if np.ptp(x) == 0:
-        return Estimate(m, m, m, n)
+    if _flat(x):  # every value the same: no interval to claim (not a zero-width one)
+        return Estimate(m, math.nan, math.nan, n)
     lo, hi = stats.t.interval(0.95, n - 1, loc=m, scale=sem)
     return Estimate(m, float(lo), float(hi), n)
 
@@ -167,11 +189,19 @@ def quantile_ci(x: np.ndarray, q: float) -> Estimate:
     if n == 0:
         return NAN_EST
     value = float(np.quantile(x, q))
+    if _flat(x):
+        return Estimate(value, math.nan, math.nan, n)
     ci = stats.quantile_test(x, q=value, p=q).confidence_interval(0.95)
     return Estimate(value, float(ci.low), float(ci.high), n)
 
 
 # ---------------------------------------------------------------- differences
+
+
+def _flat(x: np.ndarray) -> bool:
+    """No spread: every value the same, to rounding (resampled means of equal values differ in
+    the last bits)."""
+    return x.size == 0 or float(np.ptp(x)) <= 1e-9 * max(1.0, float(np.max(np.abs(x))))
 
 
 def _diff_shares(k1: int, n1: int, k0: int, n0: int) -> tuple[Estimate, float]:
@@ -180,6 +210,8 @@ def _diff_shares(k1: int, n1: int, k0: int, n0: int) -> tuple[Estimate, float]:
     p1, p0 = k1 / n1, k0 / n0
     se = math.sqrt(p1 * (1 - p1) / n1 + p0 * (1 - p0) / n0)
     d = p1 - p0
+    if se == 0:  # every request of each arm on one tier: Wald has nothing to stand on
+        return Estimate(d, math.nan, math.nan, n1 + n0), math.nan
     table = np.array([[k1, n1 - k1], [k0, n0 - k0]])
     # Nobody (or everybody) large in both arms: no difference to test.
     degenerate = bool((table.sum(axis=0) == 0).any())
@@ -191,8 +223,8 @@ def _diff_means(x1: np.ndarray, x0: np.ndarray, scale: float = 1.0) -> tuple[Est
     if min(len(x1), len(x0)) < 2:
         return NAN_EST, math.nan
     d = (float(np.mean(x1)) - float(np.mean(x0))) * scale
-    if np.ptp(x1) == 0 and np.ptp(x0) == 0:  # constant samples: t is undefined
-        return Estimate(d, d, d, len(x1) + len(x0)), (1.0 if d == 0 else 0.0)
+    if _flat(x1) and _flat(x0):  # constant samples: t is undefined
+        return Estimate(d, math.nan, math.nan, len(x1) + len(x0)), math.nan
     res = stats.ttest_ind(x1, x0, equal_var=False)
     ci = res.confidence_interval(0.95)
     return Estimate(d, float(ci.low) * scale, float(ci.high) * scale, len(x1) + len(x0)), float(
@@ -221,6 +253,9 @@ def _diff_quantile(x1: np.ndarray, x0: np.ndarray, q: float, seed: int) -> tuple
 def _diff_latency(x1: np.ndarray, x0: np.ndarray, q: float, seed: int) -> tuple[Estimate, float]:
     if min(len(x1), len(x0)) < 2:
         return NAN_EST, math.nan
+    if _flat(x1) and _flat(x0):
+        d = float(x1[0] - x0[0])
+        return Estimate(d, math.nan, math.nan, len(x1) + len(x0)), math.nan
     est, boot = _diff_quantile(x1, x0, q, seed)
     if q == 0.5:
         try:
@@ -262,7 +297,7 @@ def _arm_data(
     records: list[dict[str, Any]],
     large: str,
     feedback: dict[str, float],
-    unit_field: str | None = None,
+    unit_of: Callable[[dict[str, Any]], Any] | None = None,
 ) -> _ArmData:
     tiered = [r for r in records if r.get("tier")]
     lat = [r["latency_ms"] for r in records if _ok_latency(r)]
@@ -277,12 +312,12 @@ def _arm_data(
         feedback=np.asarray([f for f in fb if f is not None], dtype=np.float64),
         units=len(records),
     )
-    if unit_field is None:
+    if unit_of is None:
         return d
     # A record without the unit's value is its own unit (the proxy assigns none such: defensive).
     index: dict[Any, int] = {}
     unit = np.asarray(
-        [index.setdefault(r.get(unit_field) or ("", i), len(index)) for i, r in enumerate(records)],
+        [index.setdefault(unit_of(r) or ("", i), len(index)) for i, r in enumerate(records)],
         dtype=np.int64,
     )
     d.units = len(index)
@@ -312,7 +347,9 @@ def _compare(d: _ArmData, c: _ArmData, seed: int) -> list[Comparison]:
     out = []
 
     def add(metric: str, result: tuple[Estimate, float], test: str) -> None:
-        out.append(Comparison(metric, d.arm, c.arm, result[0], result[1], test))
+        est, p = result
+        note = NO_VARIANCE if est.n and math.isnan(est.low) and not math.isnan(est.value) else ""
+        out.append(Comparison(metric, d.arm, c.arm, est, p, test, note))
 
     add("large_share", _diff_shares(d.k_large, d.n_tiered, c.k_large, c.n_tiered), "chi-square")
     add("cost_per_1k", _diff_means(d.cost, c.cost, 1000.0), "Welch t")
@@ -373,7 +410,7 @@ def _percentile_ci(value: float, dist: np.ndarray, n: int) -> Estimate:
     finite = dist[np.isfinite(dist)]
     if n == 0 or math.isnan(value):
         return NAN_EST
-    if finite.size < 2:
+    if finite.size < 2 or _flat(finite):  # no spread between resamples: no interval
         return Estimate(value, math.nan, math.nan, n)
     lo, hi = np.percentile(finite, [2.5, 97.5])
     return Estimate(value, float(lo), float(hi), n)
@@ -381,7 +418,7 @@ def _percentile_ci(value: float, dist: np.ndarray, n: int) -> Estimate:
 
 def _bootstrap_p(dist: np.ndarray) -> float:
     finite = dist[np.isfinite(dist)]
-    if finite.size == 0:
+    if finite.size == 0 or _flat(finite):  # every resample alike: p would be 0 or 1
         return math.nan
     return min(1.0, 2 * min(float(np.mean(finite <= 0)), float(np.mean(finite >= 0))))
 
@@ -457,29 +494,57 @@ def _clustered(
                 continue
             dist = reps[a][attr] - reps[control][attr]
             diff = _percentile_ci(point(d) - point(c), dist, n1 + n0)
+            note = NO_VARIANCE if math.isnan(diff.low) and not math.isnan(diff.value) else ""
             comparisons.append(
-                Comparison(metric, a, control, diff, _bootstrap_p(dist), "cluster bootstrap")
+                Comparison(metric, a, control, diff, _bootstrap_p(dist), "cluster bootstrap", note)
             )
     return arms, comparisons
 
 
-def assignment_unit(records: list[dict[str, Any]], configured: str | None) -> tuple[str, str]:
-    """(unit to resample, why): "request" or a key of UNIT_FIELDS."""
-    if configured in UNIT_FIELDS:
-        return configured, "the experiment's unit in the config"
-    if configured == "header":
-        return "request", (
-            "the experiment's unit is a header, whose values the trace does not "
-            "record: requests are resampled as if independent, so intervals may "
-            "be too narrow"
-        )
-    if configured not in (None, "request"):
+@dataclass(frozen=True)
+class Unit:
+    """What the report resamples: `kind` ("request" or an experiment unit), why, and each
+    record's unit id (None: requests are their own units)."""
+
+    kind: str
+    why: str
+    of: Callable[[dict[str, Any]], Any] | None = None
+    note: str = ""  # what the report had to assume of the traces (older ones), or ""
+
+
+def resolve_unit(records: list[dict[str, Any]], configured: str | None) -> Unit:
+    """The unit to resample (the module docstring's order). `configured`: the experiment's unit
+    from the config (or --unit), "request", or None."""
+    if configured is not None and configured not in KNOWN_UNITS:
         raise ReportError(
-            f"unknown assignment unit {configured!r} "
-            f"(known: request, {', '.join(UNIT_FIELDS)}, header)"
+            f"unknown assignment unit {configured!r} (known: {', '.join(KNOWN_UNITS)})"
         )
     if configured == "request":
-        return "request", "each request assigned on its own"
+        return Unit("request", "asked for: each request treated as assigned on its own")
+    traced = sorted({str(r["ab_unit"]) for r in records if r.get("ab_unit")})
+    if len(traced) > 1:
+        raise Unanswerable(
+            f"the experiment's traces record requests assigned by {' and by '.join(traced)} "
+            "(its unit changed while it ran): report each period on its own"
+        )
+    if traced:
+        return _traced_unit(records, traced[0], configured)
+    legacy = "traces from before the assignment unit was recorded (ab_unit)"
+    note = f"{legacy}: the unit is read from the trace's own fields"
+    if configured in UNRECORDED:
+        raise Unanswerable(
+            f"the experiment assigns by {configured}, whose values {legacy} do not hold: no "
+            "interval can be computed for it (--unit request treats requests as independent, "
+            "with intervals too narrow)"
+        )
+    if configured is not None:
+        key = UNIT_FIELDS[configured]
+        return Unit(
+            configured,
+            "the experiment's unit in the config",
+            _field(key),
+            f"{legacy}: each {configured} is read from the trace field {key!r}",
+        )
     best: tuple[int, str] | None = None
     for unit, key in UNIT_FIELDS.items():
         arms: dict[Any, set[str]] = {}
@@ -493,13 +558,90 @@ def assignment_unit(records: list[dict[str, Any]], configured: str | None) -> tu
             if pure and len(arms) < len(records) and (best is None or len(arms) < best[0]):
                 best = (len(arms), unit)
     if best is None:
-        return "request", (
-            "no team, key or user stays in one arm in the traces: requests treated as independent"
+        return Unit(
+            "request",
+            "no team, key, user or session stays in one arm in the traces: requests treated "
+            "as independent",
+            note=note,
         )
-    return best[1], (
-        f"inferred from the traces: every {best[1]}'s requests are in one arm "
-        "(pass --config for the experiment's own unit)"
+    return Unit(
+        best[1],
+        f"inferred from the traces: every {best[1]}'s requests are in one arm (pass --config "
+        "for the experiment's own unit)",
+        _field(UNIT_FIELDS[best[1]]),
+        note,
     )
+
+
+def _field(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda r: r.get(key)
+
+
+def _traced_unit(records: list[dict[str, Any]], kind: str, configured: str | None) -> Unit:
+    """The unit the traces record; records written before it was recorded read the same unit
+    from their own field where the trace has one (team, key id, session)."""
+    why = "recorded in the traces (ab_unit)"
+    if configured is not None and configured != kind:
+        why += f"; the config says {configured} now"
+    old = sum(1 for r in records if not r.get("ab_unit"))
+    if not old:
+        return Unit(kind, why, lambda r: r.get("ab_unit_id"))
+    if kind not in ("team", "key", "session"):
+        raise Unanswerable(
+            f"{old} of the experiment's {len(records)} traced requests are from before the "
+            f"assignment unit was recorded (ab_unit), and the {kind} that assigned them is not "
+            "in them: report on the traces written since"
+        )
+    key = UNIT_FIELDS[kind]
+    return Unit(
+        kind,
+        why,
+        lambda r: r.get("ab_unit_id") if r.get("ab_unit") else r.get(key),
+        f"{old} records from before ab_unit was recorded: their {kind} is read from the trace "
+        f"field {key!r}",
+    )
+
+
+def check_units(unit: Unit, by_arm: dict[str, list[dict[str, Any]]]) -> None:
+    """Refuse what no interval can be computed from: a unit in two arms (so not what assigned
+    them), or an arm with fewer than 2 units."""
+    if unit.of is not None:
+        arms: dict[Any, set[str]] = {}
+        for arm, records in by_arm.items():
+            for r in records:
+                if (value := unit.of(r)) is not None:
+                    arms.setdefault(value, set()).add(arm)
+        mixed = next(((v, a) for v, a in arms.items() if len(a) > 1), None)
+        if mixed is not None:
+            value, in_arms = mixed
+            raise Unanswerable(_mixed_message(unit, value, sorted(in_arms)))
+    for arm, records in by_arm.items():
+        n = (
+            len(records)
+            if unit.of is None
+            else len({unit.of(r) or i for i, r in enumerate(records)})
+        )
+        if n < 2:
+            raise Unanswerable(
+                f"arm {arm!r} has {n} {unit.kind}{'s' * (n != 1)} (the assignment unit, "
+                f"{unit.why}): no interval can be computed from fewer than 2 per arm, since one "
+                f"{unit.kind}'s requests are not independent"
+            )
+
+
+def _mixed_message(unit: Unit, value: Any, arms: list[str]) -> str:
+    text = (
+        f"{unit.kind} {value!r} has requests in {len(arms)} arms ({', '.join(arms)}): assignment "
+        f"is sticky per {unit.kind}, so this is not the unit that assigned them"
+    )
+    if unit.kind == "user" and unit.note and "ab_unit" not in unit.why:
+        text += (
+            " (in traces from before ab_unit, `user` is the API key's user, while the proxy "
+            "assigned by the request body's `user`: traces written since record the unit)"
+        )
+    elif "ab_unit" in unit.why:
+        text += " (the experiment's weights or salt changed while it ran: report each period)"
+    return text + "; --unit request treats requests as independent"
 
 
 def sample_ratio_p(counts: dict[str, int], weights: dict[str, float]) -> float:
@@ -522,8 +664,8 @@ def build_report(
     weights: dict[str, float] | None = None,
     unit: str | None = None,
 ) -> ABReport:
-    """`unit`: the experiment's assignment unit (team, key, user, header), "request", or None to
-    infer it from the traces (see the module docstring)."""
+    """`unit`: the experiment's assignment unit (team, key, user, header, session), "request",
+    or None (see the module docstring for which unit is resampled)."""
     if not records:
         raise ReportError(f"no traced requests for experiment {experiment!r}")
     by_arm: dict[str, list[dict[str, Any]]] = {}
@@ -535,11 +677,19 @@ def build_report(
     elif control not in by_arm:
         raise ReportError(f"control arm {control!r} has no requests; arms: {arms}")
     large = large_tier or infer_large_tier(records)
-    resampled, why = assignment_unit(records, unit)
-    unit_field = UNIT_FIELDS.get(resampled)
-    data = {a: _arm_data(a, by_arm[a], large, feedback or {}, unit_field) for a in arms}
-    report = ABReport(experiment, control, large, [], unit=resampled, unit_source=why)
-    if unit_field is None:
+    resolved = resolve_unit(records, unit)
+    check_units(resolved, by_arm)
+    data = {a: _arm_data(a, by_arm[a], large, feedback or {}, resolved.of) for a in arms}
+    report = ABReport(
+        experiment,
+        control,
+        large,
+        [],
+        unit=resolved.kind,
+        unit_source=resolved.why,
+        unit_note=resolved.note,
+    )
+    if resolved.of is None:
         report.arms = [_arm_stats(data[a], len(records)) for a in arms]
         for a in arms:
             if a != control:
@@ -633,6 +783,7 @@ def heading(report: ABReport) -> list[str]:
         f"experiment {report.experiment}: {report.total} requests, control arm "
         f"{report.control!r}, large tier {report.large_tier!r}; values with 95% CI",
         resampling_note(report),
+        *([f"note: {report.unit_note}"] if report.unit_note else []),
     ]
 
 
@@ -664,11 +815,12 @@ def diff_table(report: ABReport) -> tuple[list[str], list[list[str]]]:
     for c in report.comparisons:
         digits, pct = DIFF_FORMAT[c.metric]
         sig = "*" if not math.isnan(c.p_value) and c.p_value < 0.05 else ""
+        note = f" ({c.note})" if c.note else ""
         rows.append(
             [
                 c.metric,
                 f"{c.arm} - {c.control}",
-                _fmt(c.diff, digits, pct),
+                _fmt(c.diff, digits, pct) + note,
                 c.test,
                 _fmt_p(c.p_value) + sig,
             ]

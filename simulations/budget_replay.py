@@ -4,6 +4,11 @@ For every request: the team's policy decides (seeing the team's BudgetView, as i
 if the chosen tier's cost does not fit the remaining budget, the request is downgraded to the
 cheapest tier when that fits (budgets.downgrade) and refused otherwise. The simulator charges the
 actual cost; the proxy reserves the worst case first, so it may refuse slightly earlier.
+
+The policy decides each request as `simulate`'s headline replay decides it (simulations/replay.py),
+so the two never disagree before a budget acts: the policy's own model's scores, a calibrating
+policy's threshold in force at that request (the same sequential replay, over the requests that
+policy serves), then the context-window rule. Pacing wraps the policy at that threshold.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
-from policies.base import BudgetView, Policy, RoutingContext, Tunable
+from policies.base import BatchContext, BudgetView, Policy, RoutingContext, Tunable
 from policies.budget_pacing import BudgetPacingPolicy
 from policies.budgets.periods import period_window
+from policies.calibration import CalibratingPolicy, replay_decisions
 from policies.config import BudgetsConfig
 from policies.registry import build_policies
-from simulations.replay import ReplayError, TierPrices
+from simulations.context_fit import fit_records, has_windows, record_tokens
+from simulations.replay import ReplayError, TierPrices, policy_scores
 from simulations.sim_config import SimConfig
 from simulations.trace import LARGE, SMALL, ReplayTrace
 
@@ -36,6 +43,7 @@ class TeamTally:
     first_downgrade: float | None = None
     exhausted_at: float | None = None  # first refusal: the budget could not pay even small
     quality_sum: float = 0.0
+    context_refused: int = 0  # no tier's context window holds the request (never charged)
 
     def as_dict(self) -> dict[str, object]:
         served = self.requests - self.refused
@@ -52,17 +60,18 @@ class TeamTally:
             "first_downgrade": self.first_downgrade,
             "exhausted_at": self.exhausted_at,
             "quality_served": self.quality_sum / served if served else None,
+            "context_refused": self.context_refused,
         }
 
 
-def _team_policy(
+def _policy_name(
     sim: SimConfig, policies: dict[str, Policy], team: str, override: str | None
-) -> Policy:
+) -> str:
     name = override or (sim.teams[team].policy if team in sim.teams else None)
     name = name or sim.default_policy
     if name not in policies:
         raise ReplayError(f"unknown policy {name!r} for team {team!r}")
-    return policies[name]
+    return name
 
 
 def paced(policy: Policy, max_threshold: float = 1.0, slack: float = 0.2) -> BudgetPacingPolicy:
@@ -89,7 +98,9 @@ class _Ledger:
         self.prices = prices
         self.cheapest = prices.role_tier(SMALL)
         self.cost = [
-            prices.cost(np.full(len(trace), k), trace.prompt_tokens, trace.completion_tokens)
+            prices.cost(
+                np.full(len(trace), k), trace.prompt_tokens, trace.completion_tokens, trace.cache
+            )
             for k in range(len(prices.names))
         ]
         self.spent: dict[tuple[str, str], float] = {}
@@ -119,6 +130,62 @@ class _Ledger:
         return k
 
 
+class _Decider:
+    """One policy's decision on request i, as replay() makes it: on the policy's own scores, at a
+    calibrating policy's threshold in force then, and after the context-window rule."""
+
+    def __init__(
+        self,
+        sim: SimConfig,
+        trace: ReplayTrace,
+        scores: np.ndarray,
+        name: str,
+        policy: Policy,
+        rows: np.ndarray,
+        prices: TierPrices,
+        pacing: tuple[float, float] | None,
+    ) -> None:
+        self.policy, self.pacing, self.prices = policy, pacing, prices
+        self.scores = policy_scores(sim, trace, scores, name)
+        self.thresholds: dict[int, float] = {}
+        if isinstance(policy, CalibratingPolicy):
+            # The headline replay's sequence of thresholds: calibration is sequential and
+            # shared by every request the policy serves, whatever the budget does to them.
+            units = trace.units()
+            ctx = BatchContext(units=[units[i] for i in rows])
+            done = replay_decisions(policy, self.scores[rows], ctx)
+            self.thresholds = dict(zip(rows.tolist(), done.thresholds.tolist(), strict=True))
+        self._at: dict[float, Policy] = {}
+        # Where each tier's choice lands after the context-window rule (-1: none holds it).
+        self.fitted: dict[int, np.ndarray] | None = None
+        if has_windows(sim.context_windows, policy.tiers()):
+            tokens = record_tokens(trace.prompt_tokens, trace.completion_tokens)
+            candidates = {t: sim.prices[t] for t in policy.tiers()}
+            self.fitted = {}
+            for t in policy.tiers():
+                k = prices.index(t)
+                fit = fit_records(
+                    prices.names, np.full(len(trace), k), tokens, sim.context_windows, candidates
+                )
+                self.fitted[k] = np.where(fit.refused, -1, fit.tier_idx)
+
+    def _policy(self, i: int) -> Policy:
+        t = self.thresholds.get(i)
+        key = -1.0 if t is None else t
+        if key not in self._at:
+            base = self.policy
+            if t is not None:
+                assert isinstance(base, CalibratingPolicy)
+                base = base.inner.with_threshold(t)
+            self._at[key] = paced(base, *self.pacing) if self.pacing else base
+        return self._at[key]
+
+    def tier(self, i: int, ctx: RoutingContext) -> int:
+        """Config-order tier index, or -1 when no context window holds the request."""
+        k = self.prices.index(self._policy(i).decide(ctx).tier)
+        return k if self.fitted is None else int(self.fitted[k][i])
+
+
 def budget_replay(
     sim: SimConfig,
     trace: ReplayTrace,
@@ -127,7 +194,7 @@ def budget_replay(
     pacing: tuple[float, float] | None = None,
 ) -> dict[str, TeamTally]:
     """Per-team tallies. pacing=(max_threshold, slack) wraps every team's policy in
-    budget_pacing with its own base threshold."""
+    budget_pacing at its threshold in force."""
     times = trace.require_times()
     teams = trace.require_teams()
     units = trace.units()
@@ -135,8 +202,22 @@ def budget_replay(
     policies = build_policies(sim.policies, sim.env)
     ledger = _Ledger(sim.budgets, trace, prices)
     quality_idx = np.where(prices.role >= 0, prices.role, 0)
+    # Which policy serves each request: the override, else the team's, else the default.
+    names = [_policy_name(sim, policies, str(t), policy) for t in teams]
+    deciders = {
+        name: _Decider(
+            sim,
+            trace,
+            scores,
+            name,
+            policies[name],
+            np.flatnonzero(np.asarray(names) == name),
+            prices,
+            pacing,
+        )
+        for name in dict.fromkeys(names)
+    }
     tallies: dict[str, TeamTally] = {}
-    chosen: dict[str, Policy] = {}
     for i in range(len(trace)):
         team, now = str(teams[i]), float(times[i])
         if team not in tallies:
@@ -144,13 +225,18 @@ def budget_replay(
             tallies[team] = TeamTally(
                 team, limit.limit_usd if limit else None, limit.period if limit else None
             )
-            pol = _team_policy(sim, policies, team, policy)
-            chosen[team] = paced(pol, *pacing) if pacing else pol
         tally = tallies[team]
         tally.requests += 1
         view, period = ledger.view(tally, now)
-        ctx = RoutingContext(score=float(scores[i]), team=team, budget=view, now=now, unit=units[i])
-        k = ledger.charge(tally, view, period, prices.index(chosen[team].decide(ctx).tier), i, now)
+        decider = deciders[names[i]]
+        ctx = RoutingContext(
+            score=float(decider.scores[i]), team=team, budget=view, now=now, unit=units[i]
+        )
+        chosen = decider.tier(i, ctx)
+        if chosen < 0:
+            tally.context_refused += 1
+            continue
+        k = ledger.charge(tally, view, period, chosen, i, now)
         if k is None:
             continue
         tally.served_large += int(prices.role[k] == LARGE)

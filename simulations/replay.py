@@ -18,9 +18,10 @@ from classifiers.inference import DifficultyScorer
 from policies.base import BatchContext, Policy, Tunable
 from policies.calibration import CalibratingPolicy, replay_decisions
 from policies.registry import build_policies, tiers_by_price
+from simulations.context_fit import Fitted, fit_records, has_windows, record_tokens
 from simulations.sim_config import SimConfig
 from simulations.sweep import SweepInputs
-from simulations.trace import LARGE, SMALL, ReplayTrace, TraceError
+from simulations.trace import LARGE, SMALL, RecordedCache, ReplayTrace, TraceError
 
 
 class ReplayError(ValueError):
@@ -61,6 +62,10 @@ class TierPrices:
     input_per_mtok: np.ndarray
     output_per_mtok: np.ndarray
     role: np.ndarray  # SMALL for the cheapest tier, LARGE for the priciest, -1 for others
+    # Cache prices, NaN where the tier sets none (its cached tokens are then priced as fresh,
+    # as the proxy's Price does).
+    cached_input_per_mtok: np.ndarray | None = None
+    cache_write_per_mtok: np.ndarray | None = None
 
     @classmethod
     def from_prices(cls, prices: Mapping[str, Price]) -> TierPrices:
@@ -72,6 +77,10 @@ class TierPrices:
             input_per_mtok=np.asarray([prices[t].input_per_mtok for t in names]),
             output_per_mtok=np.asarray([prices[t].output_per_mtok for t in names]),
             role=np.asarray([role.get(t, -1) for t in names]),
+            cached_input_per_mtok=_optional_prices(
+                [prices[t].cached_input_per_mtok for t in names]
+            ),
+            cache_write_per_mtok=_optional_prices([prices[t].cache_write_per_mtok for t in names]),
         )
 
     def index(self, tier: str) -> int:
@@ -83,17 +92,41 @@ class TierPrices:
             ) from None
 
     def cost(
-        self, tier_idx: np.ndarray, prompt_tokens: np.ndarray, completion_tokens: np.ndarray
+        self,
+        tier_idx: np.ndarray,
+        prompt_tokens: np.ndarray,
+        completion_tokens: np.ndarray,
+        cache: RecordedCache | None = None,
     ) -> np.ndarray:
         """USD per request when request i is served by tier tier_idx[i].
 
-        completion_tokens is (n, 2), per outcome role; a tier uses its own role's count."""
+        completion_tokens is (n, 2), per outcome role; a tier uses its own role's count.
+        `cache`: the trace's prompt-cache breakdown, priced on the tier that recorded it."""
         role = np.maximum(self.role[tier_idx], 0)
         completion = completion_tokens[np.arange(tier_idx.shape[0]), role]
+        inp, out = self.input_per_mtok[tier_idx], self.output_per_mtok[tier_idx]
         # The proxy's formula (whole nano-USD), so replayed costs equal the traced ones exactly.
-        nanos = cost_nanos(
-            self.input_per_mtok[tier_idx], self.output_per_mtok[tier_idx], prompt_tokens, completion
-        )
+        unpriced = self.cached_input_per_mtok is None and self.cache_write_per_mtok is None
+        if cache is None or unpriced:
+            nanos = cost_nanos(inp, out, prompt_tokens, completion)
+        else:
+            cached, written = cache.on(np.asarray(self.names, dtype=object)[tier_idx])
+            none = np.full(len(self.names), np.nan)
+            cached_price = _or(self.cached_input_per_mtok, none)[tier_idx]
+            write_price = _or(self.cache_write_per_mtok, none)[tier_idx]
+            # A tier without a cache price prices those tokens as fresh (cost_nanos's None).
+            cached = np.where(np.isnan(cached_price), 0, cached)
+            written = np.where(np.isnan(write_price), 0, written)
+            nanos = cost_nanos(
+                inp,
+                out,
+                prompt_tokens,
+                completion,
+                cached,
+                written,
+                np.nan_to_num(cached_price),
+                np.nan_to_num(write_price),
+            )
         return np.asarray(nanos, dtype=np.float64) / NANOS_PER_USD
 
     def role_tier(self, role: int) -> int:
@@ -101,14 +134,27 @@ class TierPrices:
         return int(np.flatnonzero(self.role == role)[0])
 
 
+def _or(prices: np.ndarray | None, default: np.ndarray) -> np.ndarray:
+    return default if prices is None else prices
+
+
+def _optional_prices(values: list[float | None]) -> np.ndarray | None:
+    if all(v is None for v in values):
+        return None  # no tier sets one: the two-term formula, as before cache prices
+    return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
 def role_costs(
-    prices: TierPrices, prompt_tokens: np.ndarray, completion_tokens: np.ndarray
+    prices: TierPrices,
+    prompt_tokens: np.ndarray,
+    completion_tokens: np.ndarray,
+    cache: RecordedCache | None = None,
 ) -> np.ndarray:
     """(n, 2) cost per request if served by the small-role / the large-role tier."""
     n = prompt_tokens.shape[0]
     return np.stack(
         [
-            prices.cost(np.full(n, prices.role_tier(r)), prompt_tokens, completion_tokens)
+            prices.cost(np.full(n, prices.role_tier(r)), prompt_tokens, completion_tokens, cache)
             for r in (SMALL, LARGE)
         ],
         axis=1,
@@ -123,12 +169,18 @@ class ReplayResult:
     cost_usd: np.ndarray
     quality: np.ndarray  # NaN where the chosen tier's outcome is unknown
     scores: np.ndarray
+    # With context windows configured (simulations/context_fit.py): records moved off the chosen
+    # tier, and records no tier holds (the proxy's 400: no tier, no cost, quality 0 as an
+    # answer never given, as in tune's sweep).
+    moved: np.ndarray | None = None
+    refused: np.ndarray | None = None
 
     def summary(self) -> dict[str, object]:
         n = self.tier_idx.shape[0]
-        counts = np.bincount(self.tier_idx, minlength=len(self.tiers))
+        served = self.tier_idx if self.refused is None else self.tier_idx[~self.refused]
+        counts = np.bincount(served, minlength=len(self.tiers))
         known = ~np.isnan(self.quality)
-        return {
+        out: dict[str, object] = {
             "policy": self.policy,
             "requests": int(n),
             "share": {t: float(c / n) for t, c in zip(self.tiers, counts, strict=True)},
@@ -137,6 +189,10 @@ class ReplayResult:
             "quality": float(self.quality[known].mean()) if known.any() else None,
             "quality_known": int(known.sum()),
         }
+        if self.moved is not None and self.refused is not None:
+            out["context_window_moved"] = int(self.moved.sum())
+            out["context_window_refused"] = int(self.refused.sum())
+        return out
 
 
 def pick_policy(sim: SimConfig, name: str | None) -> Policy:
@@ -205,14 +261,74 @@ def replay(
     prices = TierPrices.from_prices(sim.prices)
     tier_idx, role = decide(policy, scores, prices, trace.record, trace.units())
     rows = np.arange(len(trace))
+    if not has_windows(sim.context_windows, policy.tiers()):
+        return ReplayResult(
+            policy=policy.name,
+            tiers=prices.names,
+            tier_idx=tier_idx,
+            cost_usd=prices.cost(
+                tier_idx, trace.prompt_tokens, trace.completion_tokens, trace.cache
+            ),
+            quality=trace.quality[rows, role],
+            scores=scores,
+        )
+    fitted = context_fit(sim, policy, prices, trace, tier_idx)
+    cost = prices.cost(fitted.tier_idx, trace.prompt_tokens, trace.completion_tokens, trace.cache)
+    quality = trace.quality[rows, prices.role[fitted.tier_idx]]
     return ReplayResult(
         policy=policy.name,
         tiers=prices.names,
-        tier_idx=tier_idx,
-        cost_usd=prices.cost(tier_idx, trace.prompt_tokens, trace.completion_tokens),
-        quality=trace.quality[rows, role],
+        tier_idx=fitted.tier_idx,
+        cost_usd=np.where(fitted.refused, 0.0, cost),
+        quality=np.where(fitted.refused, 0.0, quality),
         scores=scores,
+        moved=fitted.moved,
+        refused=fitted.refused,
     )
+
+
+def context_fit(
+    sim: SimConfig, policy: Policy, prices: TierPrices, trace: ReplayTrace, tier_idx: np.ndarray
+) -> Fitted:
+    """The policy's choices after the proxy's context-window rule (simulations/context_fit.py);
+    a record moved to a tier without outcomes in the trace is an error, as a policy's choice."""
+    tokens = record_tokens(trace.prompt_tokens, trace.completion_tokens)
+    candidates = {t: sim.prices[t] for t in policy.tiers()}
+    fitted = fit_records(prices.names, tier_idx, tokens, sim.context_windows, candidates)
+    role = prices.role[fitted.tier_idx]
+    bad = fitted.moved & (role < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ReplayError(
+            f"{trace.record(i)}: its context window moved it to tier "
+            f"{prices.names[fitted.tier_idx[i]]!r}, but the trace has outcomes only for the "
+            "cheapest and the priciest tier"
+        )
+    return fitted
+
+
+def fitted_sides(
+    prices: TierPrices,
+    candidates: Mapping[str, Price],
+    tokens: np.ndarray,
+    sides: tuple[str, str],
+    windows: Mapping[str, int | None],
+    quality: np.ndarray,
+    cost: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(quality, cost), each (n, 2): column r is what choosing `sides[r]` (the small, the large
+    tier) gives after the context-window rule, for records needing `tokens`; a refused record
+    costs nothing and scores quality 0 (it got no answer)."""
+    n = tokens.shape[0]
+    rows = np.arange(n)
+    q_out, c_out = np.empty_like(quality), np.empty_like(cost)
+    for role, tier in ((SMALL, sides[0]), (LARGE, sides[1])):
+        chosen = np.full(n, prices.index(tier), dtype=np.int64)
+        fitted = fit_records(prices.names, chosen, tokens, windows, candidates)
+        landed = prices.role[fitted.tier_idx]
+        q_out[:, role] = np.where(fitted.refused, 0.0, quality[rows, landed])
+        c_out[:, role] = np.where(fitted.refused, 0.0, cost[rows, landed])
+    return q_out, c_out
 
 
 def two_tier_policy(sim: SimConfig, name: str | None) -> Tunable:
@@ -227,9 +343,17 @@ def two_tier_policy(sim: SimConfig, name: str | None) -> Tunable:
 
 
 def sweep_inputs(
-    prices: Mapping[str, Price], trace: ReplayTrace, scores: np.ndarray, policy: Tunable
+    prices: Mapping[str, Price],
+    trace: ReplayTrace,
+    scores: np.ndarray,
+    policy: Tunable,
+    windows: Mapping[str, int | None] | None = None,
 ) -> SweepInputs:
-    """Per-request quality and cost of the policy's small and large tier, for the sweep."""
+    """Per-request quality and cost of the policy's small and large tier, for the sweep.
+
+    With context `windows`, a side is what the proxy serves when the policy picks that tier
+    (simulations/context_fit.py): a record the small tier cannot hold costs and scores as the
+    large one at every threshold; one no tier holds is refused: no cost, quality 0."""
     tier_prices = TierPrices.from_prices(prices)
     small, large = policy.small, policy.large
     for tier, want in ((small, SMALL), (large, LARGE)):
@@ -240,7 +364,12 @@ def sweep_inputs(
                 f"{'small' if want == SMALL else 'large'} outcomes describe"
             )
     quality = trace.require_quality()
-    cost = role_costs(tier_prices, trace.prompt_tokens, trace.completion_tokens)
+    cost = role_costs(tier_prices, trace.prompt_tokens, trace.completion_tokens, trace.cache)
+    if windows and has_windows(windows, policy.tiers()):
+        candidates = {t: prices[t] for t in policy.tiers()}
+        tokens = record_tokens(trace.prompt_tokens, trace.completion_tokens)
+        sides = (policy.small, policy.large)
+        quality, cost = fitted_sides(tier_prices, candidates, tokens, sides, windows, quality, cost)
     return SweepInputs(
         scores=np.asarray(scores, dtype=np.float64),
         quality_small=quality[:, SMALL],

@@ -34,6 +34,14 @@ def replay_text(summary: dict[str, object], baselines: dict[str, float]) -> str:
         ("cost USD", f"{summary['cost_usd']:.4f}"),
         ("cost per 1k requests", f"${summary['cost_per_1k']:.4f}"),
         ("quality", "-" if summary.get("quality") is None else f"{summary['quality']:.4f}"),
+        *(
+            (label, summary[key])
+            for key, label in (
+                ("context_window_moved", "moved: context window"),
+                ("context_window_refused", "refused: context window"),
+            )
+            if key in summary
+        ),
         *((k, f"{v:.4f}") for k, v in baselines.items()),
     ]
     return reports.table(["", str(summary.get("policy", ""))], rows)
@@ -92,7 +100,7 @@ def run_simulate(
     summary = result.summary()
     baselines: dict[str, float] = {}
     prices = TierPrices.from_prices(sim.prices)
-    cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens)
+    cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens, trace.cache)
     for role, label in ((0, "all-small"), (1, "all-large")):
         baselines[f"{label} cost per 1k"] = float(cost[:, role].mean() * 1000)
         q = trace.quality[:, role]
@@ -108,6 +116,9 @@ def run_simulate(
         plain = budget_replay(sim, trace, scores, policy)
         with_pacing = budget_replay(sim, trace, scores, policy, pacing)
         text += "\n\nbudgets, as configured:\n" + budget_text(plain)
+        if own := _own_policies(sim, trace, policy):
+            # The headline replays one policy; a team with its own is replayed with its own.
+            text += f"\n(teams with their own policy, not the headline's: {own})"
         text += (
             f"\n\nbudgets with budget_pacing (max_threshold {pacing[0]:g}, slack "
             f"{pacing[1]:g}):\n" + budget_text(with_pacing)
@@ -117,6 +128,16 @@ def run_simulate(
     if json_out:
         reports.write_json(json_out, out)
     return text
+
+
+def _own_policies(sim: SimConfig, trace: ReplayTrace, policy: str | None) -> str:
+    """'team: policy, ...' for the trace's teams that the budget replay gives another policy
+    than the headline's (empty when none does: then both count the same decisions)."""
+    if policy is not None:
+        return ""  # --policy replays every team with it
+    teams = sorted({str(t) for t in trace.require_teams()})
+    own = {t: sim.teams[t].policy for t in teams if t in sim.teams and sim.teams[t].policy}
+    return ", ".join(f"{t}: {p}" for t, p in own.items() if p != sim.default_policy)
 
 
 def compare_text(summaries: list[dict[str, object]]) -> str:

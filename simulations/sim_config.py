@@ -57,6 +57,8 @@ class SimConfig:
     budgets: BudgetsConfig = field(default_factory=BudgetsConfig)  # timezone, downgrade
     context_turns: int = 2  # the classifier's: how much of a conversation is scored
     draft_length: int | None = None  # speculative k of the priciest tier's launch profile
+    # Each tier's `context_window` (absent or None: no limit), for simulations/context_fit.py.
+    context_windows: Mapping[str, int | None] = field(default_factory=dict)
 
     @property
     def prices(self) -> Mapping[str, Price]:
@@ -90,6 +92,7 @@ class SimConfig:
             budgets=budgets,
             context_turns=classifier.context_turns,
             draft_length=spec.num_speculative_tokens if spec else None,
+            context_windows={t.name: t.context_window for t in tiers},
         )
 
     @classmethod
@@ -100,6 +103,7 @@ class SimConfig:
         if not isinstance(tiers, list) or not tiers:
             raise ConfigError(f"{source}: tiers: expected a non-empty list of name and price")
         prices: dict[str, Price] = {}
+        windows: dict[str, int | None] = {}
         for i, tier in enumerate(tiers):
             name = tier.get("name") if isinstance(tier, dict) else None
             if not isinstance(name, str) or not name or name in prices:
@@ -107,6 +111,7 @@ class SimConfig:
                     f"{source}: tiers.{i}.name: expected a new tier name, got {name!r}"
                 )
             prices[name] = _section(Price, tier.get("price"), f"tiers.{i}.price", source)
+            windows[name] = _context_window(tier.get("context_window"), f"tiers.{i}", source)
         policies = {
             name: _section(PolicyConfig, p, f"policies.{name}", source)
             for name, p in _mapping(doc, "policies", source).items()
@@ -130,7 +135,17 @@ class SimConfig:
             teams=teams,
             budgets=budgets,
             context_turns=classifier.context_turns,
+            context_windows=windows,
         )
+
+
+def _context_window(value: Any, key: str, source: str) -> int | None:
+    """A tier's `context_window` as TierConfig takes it: absent/None, or an integer >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{source}: {key}.context_window: expected an integer >= 1 (tokens)")
+    return value
 
 
 def _mapping(doc: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:

@@ -7,15 +7,24 @@ a threshold sweep (its sums add up across batches, so the curve needs no second 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from backends.config import Price
 from policies.base import Policy
+from simulations.context_fit import fit_records, has_windows, record_tokens
 from simulations.parquet_io import TraceBatch, iter_batches
-from simulations.replay import TierPrices, decide, pick_policy, role_costs
+from simulations.replay import (
+    ReplayError,
+    TierPrices,
+    decide,
+    fitted_sides,
+    pick_policy,
+    role_costs,
+)
 from simulations.sim_config import SimConfig
 from simulations.sweep import SortedInputs, SweepInputs, default_thresholds
 from simulations.trace import LARGE, SMALL, TraceError
@@ -49,10 +58,14 @@ class StreamTotals:
     sweep_quality: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sweep_cost: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sweep_large: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # With context windows (simulations/context_fit.py): records moved, and refused (no tier
+    # holds them: not in tier_counts, no cost, quality 0); None without windows.
+    context_moved: int | None = None
+    context_refused: int | None = None
 
     def summary(self) -> dict[str, object]:
         n = max(self.requests, 1)
-        return {
+        out: dict[str, object] = {
             "requests": self.requests,
             "share": {t: float(c / n) for t, c in zip(self.tiers, self.tier_counts, strict=True)},
             "cost_usd": self.cost_usd,
@@ -60,6 +73,10 @@ class StreamTotals:
             "quality": self.quality_sum / n,
             "team_cost_usd": dict(sorted(self.team_cost.items())),
         }
+        if self.context_moved is not None:
+            out["context_window_moved"] = self.context_moved
+            out["context_window_refused"] = self.context_refused
+        return out
 
     def sweep_rows(self) -> list[dict[str, float]]:
         n = max(self.requests, 1)
@@ -88,22 +105,60 @@ def _add_sweep(
     tot.sweep_large += scores.shape[0] - split
 
 
+@dataclass(frozen=True)
+class Windows:
+    """The context-window rule's inputs: each tier's window, the policy's tiers and prices."""
+
+    windows: Mapping[str, int | None]
+    candidates: Mapping[str, Price]
+
+
 def _add_batch(
-    tot: StreamTotals, b: TraceBatch, scores: np.ndarray, policy: Policy, prices: TierPrices
+    tot: StreamTotals,
+    b: TraceBatch,
+    scores: np.ndarray,
+    policy: Policy,
+    prices: TierPrices,
+    windows: Windows | None = None,
 ) -> None:
     # Without an id column, file row numbers: the units an in-memory replay of the file uses.
     units = b.ids if b.ids is not None else [str(b.start + i) for i in range(len(b))]
     tier_idx, role = decide(policy, scores, prices, lambda i: f"record {b.start + i}", units)
     rows = np.arange(len(b))
     cost = prices.cost(tier_idx, b.prompt_tokens, b.completion_tokens)
+    quality = b.quality[rows, role]
+    served = np.ones(len(b), dtype=bool)
+    sweep_quality = b.quality
+    sweep_cost = role_costs(prices, b.prompt_tokens, b.completion_tokens)
+    if windows is not None:
+        tokens = record_tokens(b.prompt_tokens, b.completion_tokens)
+        fitted = fit_records(prices.names, tier_idx, tokens, windows.windows, windows.candidates)
+        landed = prices.role[fitted.tier_idx]
+        bad = fitted.moved & (landed < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ReplayError(
+                f"record {b.start + i}: its context window moved it to tier "
+                f"{prices.names[fitted.tier_idx[i]]!r}, but the trace has outcomes only for the "
+                "cheapest and the priciest tier"
+            )
+        tier_idx, served = fitted.tier_idx, ~fitted.refused
+        cost = np.where(served, prices.cost(tier_idx, b.prompt_tokens, b.completion_tokens), 0.0)
+        quality = np.where(served, b.quality[rows, np.maximum(landed, 0)], 0.0)
+        sides = (prices.names[prices.role_tier(SMALL)], prices.names[prices.role_tier(LARGE)])
+        sweep_quality, sweep_cost = fitted_sides(
+            prices, windows.candidates, tokens, sides, windows.windows, b.quality, sweep_cost
+        )
+        tot.context_moved = (tot.context_moved or 0) + int(fitted.moved.sum())
+        tot.context_refused = (tot.context_refused or 0) + int(fitted.refused.sum())
     tot.requests += len(b)
-    tot.tier_counts += np.bincount(tier_idx, minlength=len(prices.names))
+    tot.tier_counts += np.bincount(tier_idx[served], minlength=len(prices.names))
     tot.cost_usd += float(cost.sum())
-    tot.quality_sum += float(np.nansum(b.quality[rows, role]))
+    tot.quality_sum += float(np.nansum(quality))
     per_team = np.bincount(b.team_idx, weights=cost, minlength=len(b.teams))
     for name, v in zip(b.teams, per_team.tolist(), strict=True):
         tot.team_cost[name] = tot.team_cost.get(name, 0.0) + v
-    _add_sweep(tot, scores, b.quality, role_costs(prices, b.prompt_tokens, b.completion_tokens))
+    _add_sweep(tot, scores, sweep_quality, sweep_cost)
 
 
 def stream_replay(
@@ -127,6 +182,10 @@ def stream_replay(
         sweep_large=np.zeros(th.shape[0], dtype=np.int64),
     )
     cache = ScoreCache(score_texts)
+    windows = None
+    if has_windows(sim.context_windows, policy.tiers()):
+        candidates = {t: sim.prices[t] for t in policy.tiers()}
+        windows = Windows(sim.context_windows, candidates)
     for b in iter_batches(path, batch_rows):
         if use_recorded:
             if b.score is None:
@@ -134,5 +193,5 @@ def stream_replay(
             scores = b.score
         else:
             scores = cache.dictionary_scores(b.prompts)[b.prompt_idx]
-        _add_batch(tot, b, scores, policy, prices)
+        _add_batch(tot, b, scores, policy, prices, windows)
     return tot

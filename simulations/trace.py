@@ -25,6 +25,29 @@ class TraceError(ValueError):
     """A trace the simulator cannot replay; the message names the record."""
 
 
+@dataclass(frozen=True)
+class RecordedCache:
+    """The prompt-cache breakdown a trace recorded (docs/pricing.md): what each record read from
+    and wrote to the cache of the tier that served it. The simulator prices those tokens at that
+    tier's cache prices when it routes the record to the same tier; on another tier that cache
+    was not there, so the prompt is fresh (modelling caches across tiers and turns is the
+    session replay's: simulations/sessions.py)."""
+
+    served: np.ndarray  # (n,) object: the tier that answered each record (None: unknown)
+    cached_tokens: np.ndarray  # (n,) int64, 0 where not recorded
+    cache_write_tokens: np.ndarray  # (n,) int64, 0 where not recorded
+
+    def take(self, idx: np.ndarray) -> RecordedCache:
+        return RecordedCache(
+            self.served[idx], self.cached_tokens[idx], self.cache_write_tokens[idx]
+        )
+
+    def on(self, tiers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cached, written) per record when record i is served by tiers[i] (names)."""
+        same = tiers == self.served
+        return np.where(same, self.cached_tokens, 0), np.where(same, self.cache_write_tokens, 0)
+
+
 class MissingTimesError(TraceError):
     """A replay over time needs every record's arrival time ('time') and some have none; the
     command that raises it knows the remedy (what-if: --arrival-rate) and adds it."""
@@ -43,6 +66,7 @@ class ReplayTrace:
     names: np.ndarray | None = None  # (n,) record labels for errors; None: "<source>: record i"
     source: str = "trace"
     ids: list[str] | None = None  # request ids (trace `id`), what randomised policies draw on
+    cache: RecordedCache | None = None  # None: the trace recorded no prompt-cache breakdown
 
     def __post_init__(self) -> None:
         if len(self.texts) == 0:
@@ -106,6 +130,7 @@ class ReplayTrace:
             teams=opt(self.teams),
             scores=opt(self.scores),
             ids=None if self.ids is None else [self.ids[i] for i in idx],
+            cache=None if self.cache is None else self.cache.take(idx),
         )
 
 
@@ -157,6 +182,19 @@ def _prompt_tokens(ds: RoutingDataset) -> np.ndarray:
     return out
 
 
+def _recorded_cache(ds: RoutingDataset) -> RecordedCache | None:
+    if ds.cached_tokens is None and ds.cache_write_tokens is None:
+        return None
+
+    def counts(values: np.ndarray | None) -> np.ndarray:
+        if values is None:
+            return np.zeros(len(ds), dtype=np.int64)
+        return np.where(np.isnan(values), 0, values).astype(np.int64)
+
+    served = ds.served_tiers if ds.served_tiers is not None else np.full(len(ds), None, object)
+    return RecordedCache(served, counts(ds.cached_tokens), counts(ds.cache_write_tokens))
+
+
 def from_dataset(ds: RoutingDataset, default_completion_tokens: int | None = None) -> ReplayTrace:
     if len(ds) == 0:
         raise TraceError(f"empty trace: no requests in {', '.join(ds.files) or 'the input'}")
@@ -171,4 +209,5 @@ def from_dataset(ds: RoutingDataset, default_completion_tokens: int | None = Non
         teams=ds.teams,
         role_names=(ds.small_name, ds.large_name),
         ids=list(ds.ids),
+        cache=_recorded_cache(ds),
     )

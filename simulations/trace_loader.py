@@ -5,6 +5,14 @@ labels and feedback into the records), Parquet through simulations/parquet_io.
 `load_labelled_trace` is what the commands use: a proxy trace folder holds many requests nobody
 labelled yet, and those are left out (and said so) rather than failing the replay. Scores can come
 from a file (`with_scores`: `classifier train`'s out-of-fold scores) instead of a model.
+
+Rows come out in arrival-time order whenever every record has a time: the proxy writes a record
+when its request finishes, stamped with when it arrived, so under concurrent traffic (and across
+several replicas' files) the files are not in time order. The trace is in memory already, so a
+stable sort puts it in order exactly, with no bound on how late a record was written; the replays
+over time (`simulate --budgets`, `what-if`) then see the arrivals as they happened, and errors
+still name each record's file row. Streaming readers use trace_format/reader.py's bounded
+`iter_lines_by_time` instead.
 """
 
 from __future__ import annotations
@@ -96,7 +104,19 @@ def _load(
         raise TraceError(
             f"no labelled requests: {ds.unlabelled} have no outcomes (first: {ds.first_unlabelled})"
         )
-    return from_dataset(ds, default_completion_tokens), _notes(ds)
+    return in_time_order(from_dataset(ds, default_completion_tokens)), _notes(ds)
+
+
+def in_time_order(trace: ReplayTrace) -> ReplayTrace:
+    """The trace sorted by arrival time (stable: ties keep file order); as it is when a record
+    has no time (a RouteLLM CSV: the replays over time then say the time is missing)."""
+    if not trace.has_times():
+        return trace
+    assert trace.times is not None
+    order = np.argsort(trace.times, kind="stable")
+    if bool((order == np.arange(order.shape[0])).all()):
+        return trace
+    return trace.take(order)
 
 
 def _notes(ds: RoutingDataset) -> list[str]:

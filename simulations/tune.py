@@ -74,6 +74,23 @@ def choose(result: SweepResult, target: Target) -> int:
     return int(pick)
 
 
+def indistinct_labels(inputs: SweepInputs) -> str | None:
+    """Why the labels cannot tell the tiers apart, or None when they can: on every labelled
+    request the small and the large tier have the same outcome, so no threshold changes
+    quality (an echo upstream judged by the reference judge scores both tiers 0)."""
+    small, large = inputs.quality_small, inputs.quality_large
+    if small.shape[0] == 0 or not bool(np.array_equal(small, large)):
+        return None
+    values = np.unique(small)
+    same = f"all {values[0]:g}" if values.shape[0] == 1 else f"{values.shape[0]} distinct values"
+    return (
+        f"the labels cannot tell the tiers apart: on all {small.shape[0]} labelled requests the "
+        f"small and the large tier have the same outcome ({same}), so every threshold has the "
+        "same quality; grade both tiers' answers where they differ (`cost-router grades import`, "
+        "docs/simulator.md)"
+    )
+
+
 def _best_reachable(result: SweepResult, target: Target) -> str:
     if target.kind == "quality":
         return f"the best is {result.quality_ratio.max():.1%} of all-large"
@@ -95,6 +112,7 @@ class TuneResult:
     resamples: int = 0
     unmet_resamples: int = 0  # resamples on which no threshold met the target
     bootstrap_method: str = "exact"  # or "moment-matched" (large traces, see bootstrap())
+    labels_note: str | None = None  # indistinct_labels: the quality column says nothing
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -116,6 +134,7 @@ class TuneResult:
             "bootstrap_resamples": self.resamples,
             "bootstrap_unmet": self.unmet_resamples,
             "bootstrap_method": self.bootstrap_method,
+            "labels_note": self.labels_note,
         }
 
 
@@ -251,6 +270,9 @@ def tune(
     resamples: int = 1000,
     seed: int = 0,
 ) -> TuneResult:
+    note = indistinct_labels(inputs)
+    if note is not None and target.kind == "quality":
+        raise TuneError(f"cannot tune for {target.describe()}: {note}")
     result = sweep(inputs, thresholds)
     i = choose(result, target)
     intervals, unmet = (
@@ -270,4 +292,5 @@ def tune(
         bootstrap_method=(
             "exact" if exact_bootstrap(len(inputs.scores), resamples) else "moment-matched"
         ),
+        labels_note=note,
     )

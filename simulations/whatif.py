@@ -9,10 +9,14 @@ the queueing simulation over the trace's arrival times.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from backends.config import NANOS_PER_USD
+from policies.registry import tiers_by_price
+from policies.sessions.config import MODES, Mode
 from simulations.latency import (
     LatencyResult,
     TierLatency,
@@ -21,7 +25,15 @@ from simulations.latency import (
     with_speculative,
     with_speed_factor,
 )
-from simulations.replay import TierPrices, replay, role_costs
+from simulations.replay import ReplayError, TierPrices, replay, role_costs
+from simulations.session_inputs import Graded
+from simulations.sessions import (
+    CacheModel,
+    SessionReplay,
+    SessionTrace,
+    as_served,
+    replay_sessions,
+)
 from simulations.sim_config import SimConfig
 from simulations.trace import LARGE, SMALL, ReplayTrace
 
@@ -148,7 +160,7 @@ def what_if(
 ) -> list[ScenarioResult]:
     prices = TierPrices.from_prices(sim.prices)
     routed = replay(sim, trace, scores, policy)
-    role_cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens)
+    role_cost = role_costs(prices, trace.prompt_tokens, trace.completion_tokens, trace.cache)
     return [
         run_scenario(s, trace, arrivals, levers, role_cost)
         for s in scenarios(prices.role[routed.tier_idx])
@@ -179,3 +191,70 @@ def poisson_arrivals(n: int, rate_per_s: float, seed: int = 0) -> np.ndarray:
     """Arrival times for traces that recorded none."""
     rng = np.random.default_rng(seed)
     return np.cumsum(rng.exponential(1.0 / rate_per_s, n))
+
+
+def _session_latency(
+    run: SessionReplay, trace: SessionTrace, sim: SimConfig, levers: Levers
+) -> LatencyResult:
+    """The queueing model over the served requests of a session replay, in arrival order."""
+    order = tiers_by_price(sim.prices)
+    roles = {order[0]: SMALL, order[-1]: LARGE}
+    served = [i for i, t in enumerate(run.tiers) if t is not None]
+    for i in served:
+        if run.tiers[i] not in roles:
+            raise ReplayError(
+                f"{trace.ids[i]}: what-if models two tiers (the cheapest and the priciest); this "
+                f"replay sends a request to {run.tiers[i]!r}"
+            )
+    rows = np.asarray(served, dtype=np.int64)
+    rows = rows[np.argsort(trace.times[rows], kind="stable")]
+    role = np.asarray([roles[str(run.tiers[i])] for i in rows.tolist()], dtype=np.int64)
+    return simulate(
+        trace.times[rows],
+        role,
+        trace.prompt_tokens[rows],
+        trace.completion_tokens[rows],
+        [levers.small, levers.large],
+    )
+
+
+def session_what_if(
+    sim: SimConfig,
+    trace: SessionTrace,
+    cache: CacheModel,
+    levers: Levers,
+    outcomes: Mapping[str, Mapping[str, float]],
+    policy_name: str | None = None,
+    modes: Sequence[Mode] = MODES,
+) -> list[dict[str, object]]:
+    """Each session mode on the same conversations (simulations/sessions.py), then all-large,
+    all-small and the trace as it was served: requests, sessions, switches per session, large
+    share, cached share of the prompt, cost with and without caching and as a share of
+    all-large (with caching), quality on the requests graded on both tiers (None without), and
+    p50/p95 end-to-end latency at the trace's arrival times with the tiers' latency levers as
+    given (no quantization or speculative decoding)."""
+    order = tiers_by_price(sim.prices)
+    small, large = order[0], order[-1]
+    graded = Graded.of(trace, outcomes, (small, large))
+    runs = [(m, replay_sessions(sim, trace, m, cache, policy_name)) for m in modes]
+    for label, tier in (("all-large", large), ("all-small", small)):
+        runs.append(
+            (
+                label,
+                replay_sessions(sim, trace, "per_request", cache, policy_name, [tier] * len(trace)),
+            )
+        )
+    runs.append(("trace", as_served(trace, sim, cache)))
+    all_large = next(int(r.cost_nanos.sum()) for label, r in runs if label == "all-large")
+    rows = []
+    for label, run in runs:
+        nanos = int(run.cost_nanos.sum())
+        row = run.summary(trace.prompt_tokens, large)
+        row["mode"] = label
+        row["cost_per_1k"] = nanos / NANOS_PER_USD / max(1, len(trace)) * 1000
+        row["share_of_all_large"] = nanos / all_large if all_large else None
+        row["quality"] = graded.quality(run)
+        row["graded"] = len(graded)
+        row.update(_session_latency(run, trace, sim, levers).percentiles())
+        rows.append(row)
+    return rows

@@ -8,7 +8,8 @@ prompt file's hash for the `llm` judge) and what judging cost, so labels of diff
 judge versions can be told apart and weighed.
 
 Version 1 fields: ``schema_version``, ``request_id``, ``judge`` (``llm``, ``reference``,
-``feedback``), ``judge_version``, ``outcomes``, ``cost_usd`` (judge spend, >= 0), ``time``;
+``feedback``, or ``import``: offline grades, `cost-router grades import`, version = the grades
+file's hash), ``judge_version``, ``outcomes``, ``cost_usd`` (judge spend, >= 0), ``time``;
 optional ``verdict`` (the judge's own words: ``A``, ``B``, ``tie``, a grade) and ``detail``.
 """
 

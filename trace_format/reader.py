@@ -1,5 +1,6 @@
 """The one reader of trace files (JSONL, one TraceRecord per line) with the one version check,
-and the one walker of data folders (`data_files`: traces and RouteLLM CSVs, in time order).
+the one walker of data folders (`data_files`: traces and RouteLLM CSVs, rotated files oldest
+first), and the bounded reorder of a proxy's traces into arrival order (`iter_lines_by_time`).
 
 Training, the policies' reference traces, the simulator, replay tiers, the A/B report and the
 feedback id index all read traces through here, so a schema change is handled in one place. The
@@ -9,8 +10,9 @@ records), go through trace_format/jsonl.py's tolerant reader instead.
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +157,80 @@ def trace_files(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise TraceFormatError(f"trace file not found: {p}")
     return files
+
+
+# How far out of time order a proxy's trace may be. The proxy writes a record when its request
+# finishes, stamped with the time it arrived, so a record is at most one request's latency
+# behind the newest one written before it. Ten minutes is ten times a tier's default `timeout_s`;
+# a record later than that (a long stream, many fallbacks) is refused, never reordered wrongly.
+REORDER_WINDOW_S = 600.0
+# Records held back at once while they wait for their window to pass: the memory bound.
+MAX_REORDER_HELD = 1_000_000
+
+
+def trace_chains(files: Sequence[Path]) -> list[list[Path]]:
+    """The files one writer wrote, together: a trace and its rotated files (`requests.jsonl.2`,
+    `.1`, then `requests.jsonl`), each chain in `data_files` order. Another trace file in the
+    folder (another replica's) is another chain."""
+    chains: dict[tuple[Path, str], list[Path]] = {}
+    for f in sorted(files, key=_time_order):
+        base = (_rotation(f.name) or (f.name, 0))[0]
+        chains.setdefault((f.parent, base), []).append(f)
+    return list(chains.values())
+
+
+def _time_of(data: dict[str, Any], where: str) -> float:
+    t = data.get("time")
+    if isinstance(t, bool) or not isinstance(t, int | float) or t != t:
+        raise TraceFormatError(f"{where}: missing field 'time' (arrival timestamp)")
+    return float(t)
+
+
+def _reordered(
+    chain: Sequence[Path], window_s: float, max_held: int
+) -> Iterator[tuple[float, str, dict[str, Any]]]:
+    """One writer's records by arrival time: each is held until a record `window_s` newer has
+    been read, so a record at most `window_s` late still lands in its place."""
+    held: list[tuple[float, int, str, dict[str, Any]]] = []
+    released = newest = float("-inf")
+    seq = 0
+    for file in chain:
+        for where, data in iter_lines(file):
+            t = _time_of(data, where)
+            if t < released:
+                raise TraceFormatError(
+                    f"{where}: time {t!r} is {released - t:.6g} s before a record already "
+                    f"replayed: out of time order by more than the reorder window "
+                    f"({window_s:g} s; the proxy writes a record when it finishes, so a trace "
+                    "is out of order by at most one request's latency)"
+                )
+            heapq.heappush(held, (t, seq, where, data))
+            seq += 1
+            if len(held) > max_held:
+                raise TraceFormatError(
+                    f"{where}: more than {max_held} records within {window_s:g} s of each other: "
+                    "over the reorder window's memory bound"
+                )
+            newest = max(newest, t)
+            while held and held[0][0] <= newest - window_s:
+                t0, _, w0, d0 = heapq.heappop(held)
+                released = t0
+                yield t0, w0, d0
+    while held:
+        t0, _, w0, d0 = heapq.heappop(held)
+        yield t0, w0, d0
+
+
+def iter_lines_by_time(
+    files: Sequence[Path],
+    window_s: float = REORDER_WINDOW_S,
+    max_held: int = MAX_REORDER_HELD,
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, dict) of every line of trace files in arrival-time order, in bounded memory: per
+    writer (`trace_chains`) a reorder window of `window_s` seconds holding at most `max_held`
+    records, then the writers merged by time. A record later than the window, a line without a
+    time or more records than the bound is a TraceFormatError naming the line; ties keep file
+    order."""
+    chains = [_reordered(c, window_s, max_held) for c in trace_chains(files)]
+    for _, where, data in heapq.merge(*chains, key=lambda row: row[0]):
+        yield where, data

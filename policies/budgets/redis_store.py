@@ -8,6 +8,10 @@ on it whatever its own clock says; periods and rpm/tpm minutes follow the store'
 When Redis cannot be reached: fail closed (BudgetUnavailable -> 503) by default, or fail open
 (admit, log, and journal the charge on this replica; the journal is replayed when Redis returns).
 A settle that cannot reach Redis is journaled too, and the replay is idempotent by request id.
+"Cannot be reached" is decided by what an error means (`store_unavailable`), not by its type: a
+failover or a closed connection surfaces from redis-py and the event loop as errors no list names
+in advance. A reservation leaves the renewed set at its first settle or release attempt, whatever
+that attempt's outcome, so no hold outlives its request by more than lease_s.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -28,14 +33,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
-    AskError,
-    ClusterError,
-    ReadOnlyError,
+    ClusterCrossSlotError,
+    DataError,
     RedisClusterException,
-    TryAgainError,
+    RedisError,
+    ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from policies.budgets.codec import TeamKeys, decode_limit, encode_limit, team_of_key
 from policies.budgets.journal import Journal
@@ -60,26 +64,71 @@ from trace_format.tasks import stop_tasks
 
 log = logging.getLogger("cost_router.budgets.redis")
 
-# OSError covers a refused or reset socket that redis-py did not wrap. The others are a Redis
-# Cluster that is down or mid-failover (CLUSTERDOWN, TRYAGAIN, a slot no live master serves, a
-# READONLY replica that was a master, a MOVED/ASK the cluster client gave up on, or that a plain
-# client got from a cluster node): for a request, the same as an unreachable Redis.
-UNREACHABLE = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    OSError,
-    ClusterError,
-    RedisClusterException,
-    TryAgainError,
-    ReadOnlyError,
-    AskError,
-)
+# Reply errors from a live server that mean the command or script itself is wrong (a Lua error
+# in one of our scripts, a key of the wrong type, keys of two slots): a bug of ours, not to be
+# hidden as an outage. Every other reply error is about the server's state: a Redis Cluster
+# between owners of a slot (CLUSTERDOWN, TRYAGAIN, MOVED, ASK, a READONLY replica that was a
+# master), a server loading or busy, refusing writes (MISCONF, OOM, NOREPLICAS, MASTERDOWN) or
+# this client (NOAUTH, NOPERM): the store is unavailable.
+BUG_REPLIES = frozenset({"ERR", "WRONGTYPE", "CROSSSLOT"})
+# The client library: an exception whose traceback passes through it came out of talking to
+# Redis (from redis-py itself or from the event loop's transport under it).
+_CLIENT_DIR = os.path.dirname(redis.__file__ or "") + os.sep
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether `exc`, raised while a store operation talked to Redis, means the store cannot be
+    used now (503 on reserve, journal and replay on settle) rather than a bug of ours.
+
+    Everything that comes out of the client library or the transport while talking to Redis is
+    an outage: redis-py's own errors (connection, timeout, cluster, authentication), OSError,
+    and whatever else escapes redis-py or the event loop when a connection is closed under a
+    command (a failover, or the cluster client closing a node's connections): uvloop's
+    `RuntimeError: unable to perform operation on <TCPTransport closed=True ...>`, asyncio's
+    AttributeError on a transport already gone (redis/redis-py#4287). Not an outage: a reply
+    that means our command is wrong (`BUG_REPLIES`), arguments redis-py refused to encode
+    (DataError), and any error raised by our own code outside the client."""
+    if isinstance(exc, ResponseError):  # a live server answered
+        return _reply_code(exc) not in BUG_REPLIES
+    if isinstance(exc, DataError):
+        return False
+    if isinstance(exc, (RedisError, RedisClusterException, OSError)):
+        return True
+    return _raised_in_client(exc)
+
+
+def _reply_code(exc: ResponseError) -> str:
+    if isinstance(exc, ClusterCrossSlotError):
+        return "CROSSSLOT"
+    # redis-py strips the code of the replies it maps to a class and keeps it here; a reply it
+    # does not map keeps its code as the message's first word.
+    code = getattr(exc, "status_code", None)
+    return str(code) if code else str(exc).split(" ", 1)[0]
+
+
+def _raised_in_client(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(f.filename.startswith(_CLIENT_DIR) for f in frames)
+
+
 SCRIPTS = ("reserve", "settle", "release", "sweep", "status", "reset", "renew")
 # Writes that WAIT for budgets.redis_wait_replicas: a lost one is a lost hold or charge.
 DURABLE = frozenset({"reserve", "settle"})
+# Scripts that may run twice with the same effect as once (by request id, or read-only), so an
+# outage error is retried: it may have been the client closing a healthy node's connection under
+# the command (the cluster client does that to every node's connections on CLUSTERDOWN), and
+# the next try gets a fresh one. `reset` is not: a second run would wipe what came in between.
+RETRIED = frozenset({"reserve", "settle", "release", "renew", "status", "sweep"})
+RETRIES = 2  # after the client's own one; all within redis_timeout_s of the first try
+RETRY_PAUSE_S = 0.02
 
 
-class NotReplicated(RedisConnectionError):
+class StoreUnreachable(RedisConnectionError):
+    """A store operation failed in a way `store_unavailable` calls an outage (the original error
+    is its cause): what everything inside the store handles as Redis being down."""
+
+
+class NotReplicated(StoreUnreachable):
     """Fewer replicas than budgets.redis_wait_replicas confirmed a reserve or settle in time:
     handled as an outage, so a failover cannot lose it unseen (a reserve is not used, a settle
     is journaled and re-applied, idempotently, until enough replicas confirm it)."""
@@ -102,17 +151,6 @@ def connection_options(settings: BudgetsConfig) -> dict[str, Any]:
         # be reported within ~redis_timeout_s, not after seconds of backoff.
         "retry": Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
     }
-
-
-def transport_race(exc: BaseException) -> bool:
-    """An AttributeError/TypeError raised inside redis-py or asyncio's transport: a connection
-    closed (the peer died, a failover) while it was being written to. redis-py lets these out
-    instead of a ConnectionError (redis/redis-py#4287); to the store they are an outage."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and frames[-1].filename.startswith(_TRANSPORT_DIRS)
-
-
-_TRANSPORT_DIRS = (os.path.dirname(redis.__file__), os.path.dirname(asyncio.__file__))
 
 
 def _s(value: Any) -> str:
@@ -138,6 +176,9 @@ class RedisBudgetStore(BudgetStore):
         # Recent settles of this replica: a repeated settle is answered without a round trip
         # (the done markers in Redis stay the authority, for other replicas and after a restart).
         self._settled: OrderedDict[str, Settlement] = OrderedDict()
+        # Holds to release once Redis answers: request id -> (team, minute of the reservation).
+        self._unreleased: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._unapplicable: set[str] = set()  # journaled charges a replay failed on (logged)
         self._task: asyncio.Task[None] | None = None
 
     def _connect(self, settings: BudgetsConfig) -> Any:
@@ -146,27 +187,39 @@ class RedisBudgetStore(BudgetStore):
     def keys(self, team: str) -> TeamKeys:
         return TeamKeys(self.prefix, team)
 
-    def _node_client(self, key: str) -> Any:
-        """A client whose pipeline runs on one connection to the node holding `key` (WAIT
-        counts the replicas of that connection's own writes)."""
-        return self.redis
-
     async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run a budget script (see _run_script); a transport race is an unreachable Redis."""
-        try:
-            return await self._run_script(name, keys, args)
-        except (AttributeError, TypeError) as exc:
-            if not transport_race(exc):
+        """Run a budget script (see _run_script). An error that means the store is unavailable
+        (`store_unavailable`) is retried for the idempotent scripts (`RETRIED`) within
+        redis_timeout_s, then raised as StoreUnreachable; any other error is raised as it is
+        (a bug). NotReplicated is never retried: a second run of a script that already ran
+        writes nothing, so its WAIT would confirm nothing."""
+        deadline = time.monotonic() + self.settings.redis_timeout_s
+        attempt = 0
+        while True:
+            try:
+                return await self._run_script(name, keys, args)
+            except NotReplicated:
                 raise
-            raise RedisConnectionError(f"connection closed during a write: {exc!r}") from exc
+            except Exception as exc:
+                if not store_unavailable(exc):
+                    raise
+                attempt += 1
+                if name not in RETRIED or attempt > RETRIES or time.monotonic() >= deadline:
+                    raise StoreUnreachable(f"{name}: {type(exc).__name__}: {exc}") from exc
+                log.info("%s: %s: %s; trying again", name, type(exc).__name__, exc)
+            await asyncio.sleep(RETRY_PAUSE_S * attempt)
 
     async def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """For reserve and settle with budgets.redis_wait_replicas, WAIT on the same connection
-        until that many replicas have the write."""
+        return await self._run_on(self.redis, name, keys, args)
+
+    async def _run_on(self, client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a script through `client`. For reserve and settle with
+        budgets.redis_wait_replicas, WAIT on the same connection (one pipeline) until that many
+        replicas have the write."""
         script = self._scripts[name]
         if not self.settings.redis_wait_replicas or name not in DURABLE:
-            return await script(keys=keys, args=args)
-        pipe = self._node_client(keys[0]).pipeline(transaction=False)
+            return await script(keys=keys, args=args, client=client)
+        pipe = client.pipeline(transaction=False)
         await script(keys=keys, args=args, client=pipe)  # queued; loaded by the pipeline
         pipe.wait(self.settings.redis_wait_replicas, self.settings.redis_wait_timeout_ms)
         reply, acked = await pipe.execute()
@@ -199,12 +252,14 @@ class RedisBudgetStore(BudgetStore):
         keys = [k.spend, k.reserved, k.res, k.lease, k.limits, k.rate(minute), k.done(minute)]
         try:
             reply = await self._eval("reserve", keys, args)
-        except UNREACHABLE as exc:
-            if isinstance(exc, NotReplicated):  # a hold a failover could lose is not used
-                with contextlib.suppress(*UNREACHABLE):  # else the lease frees it
-                    await self._eval(
-                        "release", [k.reserved, k.res, k.lease, k.rate(minute)], [request_id]
-                    )
+        except StoreUnreachable as exc:
+            # The script may have run with only its answer lost, or (NotReplicated) its hold is
+            # one a failover could lose: not used either way, and released so it does not hold
+            # budget for a lease. Now when Redis answered; else by maintenance, once it answers.
+            if isinstance(exc, NotReplicated):
+                await self._release_or_later(scope.team, request_id, minute)
+            else:
+                self._later_release(scope.team, request_id, minute)
             return self._unreachable_reserve(scope, request_id, amount, tokens, minute, exc)
         status = _s(reply[0])
         if status == "exceeded":
@@ -265,7 +320,10 @@ class RedisBudgetStore(BudgetStore):
         if request_id in self._settled:
             prev = self._settled[request_id]
             return Settlement(request_id, prev.charged_nanos, duplicate=True)
-        res = self._local.get(request_id)
+        # Out of the renewed set before anything can fail: whatever this settle's outcome, its
+        # hold is never renewed again, so it is gone a lease after its last renewal at the
+        # latest (a charge that could not be applied is journaled, and its replay frees it).
+        res = self._local.pop(request_id, None)
         if res is None:
             raise KeyError(f"unknown reservation {request_id!r}")
         charge = capped_charge(usd_to_nanos(actual_usd), tokens, res)
@@ -283,9 +341,13 @@ class RedisBudgetStore(BudgetStore):
             return self._defer(entry, "admitted while the store was down")
         try:
             out = await self._apply(entry)
-        except UNREACHABLE as exc:
+        except StoreUnreachable as exc:
             return self._defer(entry, str(exc))
-        del self._local[request_id]
+        except Exception:
+            # A bug (a script error): replaying would fail the same way. The charge is logged
+            # whole for an operator; the hold runs out with its lease.
+            log.error("settle of %s failed; charge not applied: %s", request_id, entry)
+            raise
         self._settled[request_id] = out
         while len(self._settled) > 10_000:
             self._settled.popitem(last=False)
@@ -299,7 +361,6 @@ class RedisBudgetStore(BudgetStore):
             why,
         )
         self.journal.add(entry)
-        self._local.pop(entry["rid"], None)
         return Settlement(entry["rid"], entry["nanos"], deferred=True)
 
     async def _apply(self, entry: dict[str, Any]) -> Settlement:
@@ -334,26 +395,56 @@ class RedisBudgetStore(BudgetStore):
         return Settlement(rid, entry["nanos"], overage_nanos=entry.get("overage", 0))
 
     async def release(self, request_id: str) -> None:
-        res = self._local.pop(request_id, None)
+        res = self._local.pop(request_id, None)  # never renewed again, whatever happens next
         if res is None or res.degraded:
             return
-        k = self.keys(res.team)
+        await self._release_or_later(res.team, request_id, res.minute)
+
+    async def _release_or_later(self, team: str, request_id: str, minute: int) -> None:
+        k = self.keys(team)
         try:
-            await self._eval(
-                "release", [k.reserved, k.res, k.lease, k.rate(res.minute)], [request_id]
-            )
-        except UNREACHABLE as exc:
-            # Nothing is owed; the lease frees the hold when it expires.
-            log.warning("could not release %s (lease will reclaim it): %s", request_id, exc)
+            await self._eval("release", [k.reserved, k.res, k.lease, k.rate(minute)], [request_id])
+        except StoreUnreachable as exc:
+            # Nothing is owed: maintenance releases it once Redis answers, its lease at the latest.
+            log.warning("could not release %s now (released later): %s", request_id, exc)
+            self._later_release(team, request_id, minute)
+
+    def _later_release(self, team: str, request_id: str, minute: int) -> None:
+        self._unreleased[request_id] = (team, minute)
+        while len(self._unreleased) > 10_000:  # bounded: the leases free the oldest anyway
+            self._unreleased.popitem(last=False)
+
+    async def release_pending(self) -> int:
+        """Release the holds a release (or a reserve whose answer was lost) could not; returns
+        how many were released. Stops at the first that still cannot reach Redis."""
+        done = 0
+        for rid, (team, minute) in list(self._unreleased.items()):
+            k = self.keys(team)
+            await self._eval("release", [k.reserved, k.res, k.lease, k.rate(minute)], [rid])
+            del self._unreleased[rid]
+            done += 1
+        return done
 
     async def replay_journal(self) -> int:
-        """Apply journaled charges (idempotent); returns how many were applied."""
+        """Apply journaled charges (idempotent); returns how many were applied. Stops at the
+        first the store cannot take now. One that ran but is not yet confirmed by enough
+        replicas (NotReplicated: a new master with no replica yet) stays journaled and the next
+        is tried: each must run soon, as its run frees its hold, which nothing renews any more.
+        One that fails otherwise (a bug) is kept for an operator, logged once, and passed over,
+        so it holds up none of the others."""
         applied: list[str] = []
         for rid, entry in list(self.journal.entries.items()):
             try:
                 await self._apply(entry)
-            except UNREACHABLE:
+            except NotReplicated:
+                continue
+            except StoreUnreachable:
                 break
+            except Exception:
+                if rid not in self._unapplicable:
+                    self._unapplicable.add(rid)
+                    log.exception("journaled charge %s cannot be applied: %s", rid, entry)
+                continue
             applied.append(rid)
         if applied:
             self.journal.done(applied)
@@ -371,7 +462,7 @@ class RedisBudgetStore(BudgetStore):
             reply = await self._eval(
                 "status", [k.spend, k.reserved, k.res, k.lease, k.limits], args
             )
-        except UNREACHABLE:
+        except StoreUnreachable:
             raise BudgetUnavailable("budget store unreachable") from None
         out = []
         for i, (name, configured) in enumerate(scopes):
@@ -463,7 +554,10 @@ class RedisBudgetStore(BudgetStore):
         total = 0
         for team in await self.teams():
             k = self.keys(team)
-            total += int(await self._eval("sweep", [k.reserved, k.res, k.lease], []))
+            try:
+                total += int(await self._eval("sweep", [k.reserved, k.res, k.lease], []))
+            except StoreUnreachable:  # that team's master: the others' are swept all the same
+                continue
         if total:
             log.warning("sweeper reclaimed %d expired budget reservation(s)", total)
         return total
@@ -476,11 +570,16 @@ class RedisBudgetStore(BudgetStore):
                 by_team.setdefault(res.team, []).append(rid)
         renewed = 0
         for team, rids in by_team.items():
-            renewed += int(
-                await self._eval(
-                    "renew", [self.keys(team).lease], [int(self.lease_s * 1000), *rids]
+            try:
+                renewed += int(
+                    await self._eval(
+                        "renew", [self.keys(team).lease], [int(self.lease_s * 1000), *rids]
+                    )
                 )
-            )
+            except StoreUnreachable as exc:
+                # That team's master is down or failing over: the teams on the others keep
+                # their holds (a lease running out under a live request would free its room).
+                log.debug("could not renew the holds of %s: %s", team, exc)
         return renewed
 
     async def ping(self) -> bool:
@@ -494,7 +593,9 @@ class RedisBudgetStore(BudgetStore):
                 )
                 return False
             return bool(await self.redis.ping())
-        except UNREACHABLE:
+        except Exception as exc:
+            if not store_unavailable(exc):
+                raise
             return False
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -503,28 +604,37 @@ class RedisBudgetStore(BudgetStore):
             self._task = asyncio.get_running_loop().create_task(self._maintain())
 
     async def _maintain(self) -> None:
-        """Sweep expired leases and replay the journal; never dies on a Redis outage."""
+        """Renew this replica's leases, replay the journal, release what could not be released,
+        sweep expired leases. Never dies, and one step failing (an outage, a bug) skips none of
+        the others: a replay that fails must not stop the renewals of live requests."""
         next_sweep = next_renew = 0.0
         while True:
-            try:
-                if self.journal.entries:
-                    await self.replay_journal()
-                if time.monotonic() >= next_renew:
-                    next_renew = time.monotonic() + self.lease_s / 3
-                    await self.renew()
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + self.settings.sweep_interval_s
-                    await self.sweep()
-            except UNREACHABLE as exc:
-                log.debug("budget maintenance: store unreachable: %s", exc)
-            except Exception:  # keep the loop alive; a bug here must not stop reclaiming
-                log.exception("budget maintenance failed")
+            if time.monotonic() >= next_renew:
+                next_renew = time.monotonic() + self.lease_s / 3
+                await self._step("renew", self.renew)
+            if self.journal.entries:
+                await self._step("journal replay", self.replay_journal)
+            if self._unreleased:
+                await self._step("release", self.release_pending)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + self.settings.sweep_interval_s
+                await self._step("sweep", self.sweep)
             await asyncio.sleep(min(1.0, self.settings.sweep_interval_s, self.lease_s / 3))
+
+    @staticmethod
+    async def _step(name: str, run: Callable[[], Awaitable[int]]) -> None:
+        try:
+            await run()
+        except Exception as exc:  # keep the loop alive; a bug here must not stop reclaiming
+            if store_unavailable(exc):
+                log.debug("budget maintenance (%s): store unreachable: %s", name, exc)
+            else:
+                log.exception("budget maintenance (%s) failed", name)
 
     async def aclose(self) -> None:
         await stop_tasks(self._task)
         self._task = None
-        with contextlib.suppress(*UNREACHABLE):
+        with contextlib.suppress(StoreUnreachable):
             await self.replay_journal()
         self.journal.close()
         await self.redis.aclose()

@@ -38,16 +38,30 @@ def report_cmd(
     config: Path | None = typer.Option(
         None, "--config", "-c", help="router config: arm weights (sample-ratio check), large tier"
     ),
+    unit: str | None = typer.Option(
+        None,
+        "--unit",
+        help="assignment unit for traces that do not record one (team, key, user, header, "
+        "session; default: the config's), or 'request' to treat requests as independent",
+    ),
 ) -> None:
     """Per-arm requests, share to large, cost per 1k, latency p50/p95 and feedback with 95% CIs,
-    and each arm's difference from the control with a significance test."""
-    from simulations.ab_report import ReportError, format_table, report_from_files, to_dict
+    and each arm's difference from the control with a significance test. Intervals resample the
+    unit that assigned the arms (recorded in the traces); what none can be computed for (fewer
+    than 2 units in an arm, a unit in two arms) is refused, exit 1."""
+    from simulations.ab_report import (
+        ReportError,
+        Unanswerable,
+        format_table,
+        report_from_files,
+        to_dict,
+    )
 
     if out is not None and out.suffix.lower() not in (".png", ".html", ".htm"):
         raise fail(f"--out must end in .png or .html, not {out.name!r}")
     router_config = load_config_or_exit(config) if config else None
     try:
-        weights, priciest, unit = (
+        weights, priciest, configured = (
             _from_config(router_config, experiment, config) if router_config else (None, None, None)
         )
         rep = report_from_files(
@@ -57,8 +71,11 @@ def report_cmd(
             large_tier=large_tier or priciest,
             control=control,
             weights=weights,
-            unit=unit,
+            unit=unit or configured,
         )
+    except Unanswerable as exc:  # the data holds no interval to give: say why, exit 1
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     except ReportError as exc:  # traces, feedback, arms or names that cannot be used
         raise fail(str(exc)) from None
     typer.echo(format_table(rep))

@@ -18,7 +18,7 @@ import orjson
 import typer
 from pydantic import ValidationError
 
-from policies.admin import Admin, key_json, ledger_json
+from policies.admin import Admin, AdminInputError, check_key_names, key_json, ledger_json
 from policies.budgets.factory import SHARED_KINDS, build_stores, check_store_kind
 from policies.budgets.money import nanos_to_usd
 from policies.budgets.periods import PERIODS
@@ -173,9 +173,13 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 def _check_team(team: str, config: Path | None, allow_unlisted: bool) -> None:
     """A key of a team the config does not list has no spend limit: refuse that (exit 2) unless
     --allow-unlisted-team says so, and then say it plainly."""
-    known = sorted(load_config_or_exit(config).teams) if config is not None else []
+    loaded = load_config_or_exit(config) if config is not None else None
+    known = sorted(loaded.teams) if loaded is not None else []
     if team in known:
         return
+    if loaded is not None and team in loaded.removed_teams:
+        # Its keys are refused (docs/budgets.md, "Reloads that remove a team"): no flag helps.
+        raise fail(f"{config} lists team {team!r} under removed_teams: its keys are refused")
     unlimited = f"a key of team {team!r} would have no spend limit"
     if not allow_unlisted:
         where = (
@@ -209,6 +213,10 @@ def keys_create_cmd(
     redis_url: str | None = RedisOpt,
 ) -> None:
     """Create an API key; prints it once (only its sha256 is stored)."""
+    try:  # first: no flag makes a name usable, and no warning should precede the refusal
+        check_key_names(team, user, name)
+    except AdminInputError as exc:
+        raise fail(f"--{exc.param}: {exc.args[0]}") from None
     _check_team(team, config, allow_unlisted_team)
     raw, record = _run(config, redis_url, lambda d: d.create_key(team, user, name))
     typer.echo(raw)

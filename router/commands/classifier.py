@@ -10,6 +10,7 @@ the rest of the CLI starts fast.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,40 @@ def _load(
         raise fail(f"{exc}") from None
 
 
+# The out-of-fold report's folds by default: 3 fits plus the final one, fitted two at a time on
+# two cores (5 folds one at a time, the thorough setting of earlier versions, made
+# `--with-default-data` run about 23 minutes on 2 cores, silently).
+DEFAULT_FOLDS = 3
+# CPU cost of one model fit (two-stage fit and source prior), per 1,000 training rows: 232 s for
+# the shipped data's 10,685 rows on the 2-core development machine (docs/learning.md).
+FIT_SECONDS_PER_1K_ROWS = 22.0
+
+
+def training_plan(own: RoutingDataset, base: RoutingDataset | None, folds: int, jobs: int) -> str:
+    """What `train` is about to do and roughly how long it takes, before it starts."""
+    n_own = int(known(own.small, own.large).sum())
+    n_base = 0 if base is None else int(known(base.small, base.large).sum())
+    rows = n_own + n_base
+    fold_rows = n_base + n_own * (folds - 1) // folds if folds else 0
+    fit_s = FIT_SECONDS_PER_1K_ROWS * rows / 1000
+    fold_s = FIT_SECONDS_PER_1K_ROWS * fold_rows / 1000
+    if folds and jobs > 1:  # the folds and the final fit share `jobs` workers
+        seconds = -(-(folds + 1) // jobs) * max(fit_s, fold_s)
+    else:
+        seconds = fit_s + folds * fold_s
+    of_base = f" + {n_base:,} of the shipped data" if n_base else ""
+    if folds:
+        at_once = f", {jobs} at a time" if jobs > 1 else ""
+        report = f"{folds}-fold out-of-fold report ({folds} fits of ~{fold_rows:,} rows{at_once})"
+        skip = "; --folds 0 skips the report"
+    else:
+        report, skip = "no out-of-fold report (--folds 0)", ""
+    return (
+        f"training on {rows:,} labelled rows ({n_own:,} of DATA{of_base}): {report} and the "
+        f"final fit; roughly {max(1, round(seconds / 60))} min on an unloaded 2-core machine{skip}"
+    )
+
+
 def default_out() -> Path:
     """Where `train` writes without --out: ./models/model-<UTC time>.onnx, never the package."""
     return Path("models") / f"model-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.onnx"
@@ -80,7 +115,16 @@ def train_cmd(
         1.0, "--own-weight", help="weight of a row of DATA against a default-data row's 1"
     ),
     folds: int = typer.Option(
-        5, "--folds", help="out-of-fold report on DATA and <model>.oof.jsonl (0: skip)"
+        DEFAULT_FOLDS,
+        "--folds",
+        help="out-of-fold report on DATA and <model>.oof.jsonl (0: skip; 5: the thorough "
+        "report of earlier versions, ~1.5x the time)",
+    ),
+    jobs: int = typer.Option(
+        0,
+        "--jobs",
+        min=0,
+        help="fits at once, in forked workers: the folds and the final fit (0: one per CPU core)",
     ),
     current: Path | None = typer.Option(
         None, "--current", help="model the new one is compared with (default: shipped)"
@@ -129,25 +173,37 @@ def train_cmd(
         raise fail(f"--current {current}: no such file")
     if report_kind not in (None, "loso"):
         raise fail(f"--report: expected 'loso', got {report_kind!r}")
+    jobs = max(1, min(jobs or os.cpu_count() or 1, folds + 1 if folds else 1))
     options = TrainOptions(
         config=TrainConfig(seed=seed, margin=margin),
         own_weight=own_weight,
         folds=folds,
         rounds=rounds,
         current_model=current,
+        jobs=jobs,
     )
     # Phases: loading, each out-of-fold fold, scoring with the current model, the final fit,
-    # the export; the fit's own sub-steps only relabel the bar.
+    # the export; the fit's own sub-steps only relabel the bar. Piped (no bar), each phase is
+    # a line on stderr with the time it took and, from the fits' pace, the time left.
     starts = ("fold ", "loading", "scoring with", "fitting the", "exporting")
     total = 1 + (folds + 1 if folds else 0) + 2
     if feedback_labels:
         _label_feedback(data)
-    with phases(total, "loading data", lambda m: m.startswith(starts)) as update:
+    fits = ("fold ", "fitting the")
+    with phases(
+        total,
+        "loading data",
+        lambda m: m.startswith(starts),
+        lines=True,
+        timed=lambda m: m.startswith(fits),
+        timed_total=folds + 1,
+    ) as update:
         update("loading data")
         own = _load(data, small, large, include_contaminated, labelled_only=True)
         base = None
         if with_default_data:
             base = _load([routellm_data_dir()], None, None, include_contaminated)
+        typer.echo(training_plan(own, base, folds, jobs), err=True)
         if report_kind == "loso":
             from classifiers.loso import RECIPES, holdouts
 

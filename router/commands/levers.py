@@ -53,6 +53,12 @@ CONFIDENCE = typer.Option(
     0.95, "--confidence", min=0.5, max=0.999, help="gate: confidence of the quality interval"
 )
 MAX_P95 = typer.Option(None, "--max-p95-latency-s", help="gate: p95 end-to-end latency bound")
+MIN_INFORMATIVE = typer.Option(
+    None,
+    "--min-informative-pairs",
+    min=0,
+    help="gate: judged pairs that are not ties needed to pass on quality (default 10)",
+)
 
 
 def _parse_candidate(text: str) -> PlanCandidate:
@@ -98,6 +104,7 @@ def _trial(
     max_quality_loss: float | None,
     confidence: float,
     max_p95_latency_s: float | None,
+    min_informative_pairs: int | None,
 ) -> None:
     from simulations import reports
     from simulations.levers.summary import HEADERS, table_rows
@@ -115,6 +122,7 @@ def _trial(
         max_quality_loss,
         confidence,
         max_p95_latency_s,
+        min_informative_pairs,
     )
     try:
         result = run_trial(
@@ -188,6 +196,7 @@ def trial_cmd(
     max_quality_loss: float = MAX_LOSS,
     confidence: float = CONFIDENCE,
     max_p95_latency_s: float = MAX_P95,
+    min_informative_pairs: int = MIN_INFORMATIVE,
 ) -> None:
     """Replay prompts on a reference tier and candidates; latency, cost and judged quality."""
     _trial(
@@ -204,6 +213,7 @@ def trial_cmd(
         max_quality_loss,
         confidence,
         max_p95_latency_s,
+        min_informative_pairs,
     )
 
 
@@ -222,6 +232,7 @@ def plan_cmd(
     max_quality_loss: float = MAX_LOSS,
     confidence: float = CONFIDENCE,
     max_p95_latency_s: float = MAX_P95,
+    min_informative_pairs: int = MIN_INFORMATIVE,
 ) -> None:
     """Reference, each candidate alone, then the combinations, in one table."""
     _trial(
@@ -238,4 +249,5 @@ def plan_cmd(
         max_quality_loss,
         confidence,
         max_p95_latency_s,
+        min_informative_pairs,
     )

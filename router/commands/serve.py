@@ -36,15 +36,29 @@ def serve_cmd(
     port: int | None = typer.Option(
         None, help="override server.port (the demo: 0 = any free ports for proxy and tiers)"
     ),
+    tier_ports: str | None = typer.Option(
+        None,
+        "--tier-ports",
+        help="the demo only: SMALL,LARGE ports of its two llama.cpp servers (default 8101,8102)",
+    ),
 ) -> None:
     """Run the OpenAI-compatible routing proxy (no --config: the embedded llama.cpp demo)."""
     # Imported here: the server stack (uvicorn, the FastAPI app, onnxruntime) is only needed by
     # this command, and every other command starts faster without it.
-    from router.server.demo import run_demo
+    from router.server.demo import parse_tier_ports, run_demo
     from router.server.run import run_server
 
     if config is None:
-        raise typer.Exit(run_demo(host=host, port=port))
+        try:
+            ports = parse_tier_ports(tier_ports) if tier_ports is not None else None
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        raise typer.Exit(run_demo(host=host, port=port, tier_ports=ports))
+    if tier_ports is not None:
+        raise fail(
+            "--tier-ports is for the embedded demo (no --config): a config's tiers name "
+            "their own base_url"
+        )
     router_config = load_config_or_exit(config)
     # Checked before the app loads anything, so a port in use is one line, not a traceback.
     listen_host = host or router_config.server.host

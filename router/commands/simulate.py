@@ -49,6 +49,26 @@ SCORES = typer.Option(
 )
 JSON_OUT = typer.Option(None, "--json", help="write the full result as JSON here")
 CHART = typer.Option(None, "--chart", help="write a chart (.png or .html)")
+SESSIONS_OFFLINE = typer.Option(
+    False,
+    "--sessions",
+    help="replay conversations in order (trace `session`, `turn`) with a prompt cache per tier, "
+    "each session mode side by side (docs/simulator.md)",
+)
+CACHE_TTL = typer.Option(
+    300.0, "--cache-ttl-s", min=0, help="--sessions: how long a tier keeps a prompt cached"
+)
+HIT_RATE = typer.Option(
+    None,
+    "--hit-rate",
+    min=0,
+    max=1,
+    help="--sessions: share of a cacheable prefix that hits, every tier (default: measured from "
+    "the trace's cached_tokens)",
+)
+CACHE_BLOCK = typer.Option(
+    1, "--cache-block", min=1, help="--sessions: the providers cache blocks of this many tokens"
+)
 
 
 @contextmanager
@@ -151,8 +171,15 @@ def tune_cmd(
     scores: Path = SCORES,
     json_out: Path = JSON_OUT,
     chart: Path = CHART,
+    sessions: bool = SESSIONS_OFFLINE,
+    cache_ttl_s: float = CACHE_TTL,
+    hit_rate: float = HIT_RATE,
+    cache_block: int = CACHE_BLOCK,
 ) -> None:
-    """Pick the threshold meeting a target, with bootstrap 95% intervals; optionally write it."""
+    """Pick the threshold meeting a target, with bootstrap 95% intervals; optionally write it.
+
+    With --sessions: the threshold per session mode, conversations replayed with a prompt cache
+    (no bootstrap); --write writes the threshold of the policy's own mode."""
     with _clean_errors():
         from simulations.tune_report import run_tune
 
@@ -169,6 +196,27 @@ def tune_cmd(
             raise ValueError(
                 "give exactly one of --target-quality, --target-cost, --max-large-share"
             )
+        if sessions:
+            from simulations.session_inputs import CacheOptions
+            from simulations.tune_report import run_tune_sessions
+
+            if scores is not None or chart is not None:
+                # A session replay decides on the scores the trace recorded (sessions.py).
+                raise ValueError(
+                    "--sessions replays the trace's recorded scores: drop --scores and --chart"
+                )
+
+            sim, _ = _configs(config if config is not None else write)
+            options = CacheOptions(cache_ttl_s, hit_rate, cache_block)
+            text, tuned = run_tune_sessions(sim, traces, given[0], policy, options, json_out)
+            mine = tuned.configured()
+            if write and mine.threshold is not None:
+                name = write_threshold(write, policy, mine.threshold, given[0])
+                text += f"\nwrote policies.{name}.threshold = {mine.threshold:.6g} to {write}"
+            elif write:
+                raise ValueError(f"nothing written to {write}: {mine.mode}: {mine.best}")
+            typer.echo(text)
+            return
         sim, _, trace = _load(
             traces,
             completion_tokens,
@@ -207,11 +255,53 @@ def simulate_cmd(
         None, "--decisions", help="write each request's tier, score, cost (JSONL) here"
     ),
     compare: bool = typer.Option(False, "--compare", help="also replay every configured policy"),
+    sessions: bool = typer.Option(
+        False,
+        "--sessions",
+        help="replay conversations in order (trace `session`, `turn`) with a prompt cache per "
+        "tier: every session mode side by side (needs no outcomes)",
+    ),
+    cache_ttl_s: float = typer.Option(
+        300.0, "--cache-ttl-s", min=0, help="--sessions: how long a tier keeps a prompt cached"
+    ),
+    hit_rate: float = typer.Option(
+        None,
+        "--hit-rate",
+        min=0,
+        max=1,
+        help="--sessions: share of a cacheable prefix that hits, every tier (default: measured "
+        "from the trace's cached_tokens)",
+    ),
+    cache_block: int = typer.Option(
+        1,
+        "--cache-block",
+        min=1,
+        help="--sessions: the providers cache whole blocks of this many tokens (OpenAI 128, "
+        "the echo upstream 16; 1 = exact)",
+    ),
+    equal_share: float = typer.Option(
+        None,
+        "--equal-share",
+        min=0,
+        max=1,
+        help="--sessions: compare the modes at this share of large requests, each at the "
+        "threshold that gives it (a threshold policy)",
+    ),
 ) -> None:
     """Replay traces through a policy: tier shares, cost, quality; budgets over time."""
     with _clean_errors():
         from simulations.replay_report import run_simulate, run_stream
 
+        if sessions:
+            from simulations.session_report import run_sessions
+
+            sim, _ = _configs(config)
+            typer.echo(
+                run_sessions(
+                    sim, traces, policy, cache_ttl_s, hit_rate, json_out, cache_block, equal_share
+                )
+            )
+            return
         if stream:
             if len(traces) != 1 or traces[0].suffix != ".parquet":
                 raise ValueError("--stream takes exactly one .parquet trace")
@@ -279,6 +369,10 @@ def what_if_cmd(
         help="measured lever factors (quantized speed, quality and price; speculative "
         "acceptance and speed-up): the levers.json of `cost-router levers trial`",
     ),
+    sessions: bool = SESSIONS_OFFLINE,
+    cache_ttl_s: float = CACHE_TTL,
+    hit_rate: float = HIT_RATE,
+    cache_block: int = CACHE_BLOCK,
 ) -> None:
     """Cost, quality, p50/p95 latency: all-large, all-small, each lever alone, then combined."""
     with _clean_errors():
@@ -298,6 +392,20 @@ def what_if_cmd(
             quant_quality=quant_quality,
             quant_cost=quant_cost,
         )
+        if sessions:
+            from simulations.session_inputs import CacheOptions
+            from simulations.whatif_report import run_whatif_sessions
+
+            if signals is not None or levers_file is not None or chart is not None:
+                raise ValueError(
+                    "--sessions takes the tiers' latency options (--small-ttft-ms ...), not "
+                    "--signals, --levers or --chart"
+                )
+
+            sim, _ = _configs(config)
+            options = CacheOptions(cache_ttl_s, hit_rate, cache_block)
+            typer.echo(run_whatif_sessions(sim, traces, policy, levers, options, json_out))
+            return
         sim, router_config, trace = _load(
             traces, completion_tokens, small_column, large_column, config, None, recorded_scores
         )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
@@ -32,9 +32,19 @@ from policies.budgets.money import nanos_to_usd
 from policies.budgets.store import BudgetUnavailable
 from policies.config import BudgetLimit
 from policies.keys import AuthError, KeyStoreUnavailable
+from policies.names import (
+    KEY_ID_MAX_LEN,
+    KEY_ID_PATTERN,
+    NAME_MAX_LEN,
+    NAME_PATTERN,
+    TEAM_TO_READ_PATTERN,
+    check_key_id,
+    check_name,
+)
 from router.http.body_limits import require_json
 from router.http.errors import RouterError, json_response, validation_message
 from router.http.openapi import errors, json_body, ok
+from router.http.schemas import Whole
 from router.proxy.request_path import parse_body, read_body
 from router.proxy.state import RouterState
 
@@ -54,28 +64,70 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _named(kind: str) -> BeforeValidator:
+    # policies/names.py's rule, so a refused name gets its message (which rule, the value
+    # escaped and cut); a value that is not a string is left to pydantic's type error.
+    return BeforeValidator(lambda v: check_name(kind, v) if isinstance(v, str) else v)
+
+
+# The published schema states the rule enforced (the pattern refuses the reserved `__` prefix
+# too: a name starts with a letter or digit). Constraints come before the check: the check then
+# wraps them and runs first, and pydantic would publish no constraint placed after it.
+NAME = Field(min_length=1, max_length=NAME_MAX_LEN, pattern=NAME_PATTERN)
+TeamNameIn = Annotated[str, NAME, _named("team")]
+UserNameIn = Annotated[str, NAME, _named("user")]
+KeyNameIn = Annotated[str, NAME, _named("key name")]
+KeyId = Annotated[
+    str,
+    Field(max_length=KEY_ID_MAX_LEN, pattern=KEY_ID_PATTERN),
+    BeforeValidator(lambda v: check_key_id(v) if isinstance(v, str) else v),
+]
+
+# Path and query values: published here, checked by policies/admin.py (so the CLI gets the same
+# refusal); a write may not name a reserved team, a read may (the shadow spend is shown).
+_TEAM_SCHEMA = {"minLength": 1, "maxLength": NAME_MAX_LEN, "pattern": NAME_PATTERN}
+TeamToWrite = Annotated[str, Path(json_schema_extra=_TEAM_SCHEMA)]
+TeamToRead = Annotated[str, Path(json_schema_extra={"pattern": TEAM_TO_READ_PATTERN})]
+KeyIdInPath = Annotated[str, Path(json_schema_extra={"pattern": KEY_ID_PATTERN})]
+KeyIdQuery = Annotated[str | None, Query(json_schema_extra={"pattern": KEY_ID_PATTERN})]
+TeamQuery = Annotated[str | None, Query(json_schema_extra={"pattern": TEAM_TO_READ_PATTERN})]
+
+
 class KeyCreateIn(_Body):
     """A new API key of a team (`cost-router keys create`)."""
 
-    team: str = Field(min_length=1, max_length=200, description="team the key charges")
-    user: str | None = Field(default=None, max_length=200, description="user the key belongs to")
-    name: str | None = Field(default=None, max_length=200, description="label in the key list")
+    team: TeamNameIn = Field(description="team the key charges")
+    user: UserNameIn | None = Field(default=None, description="user the key belongs to")
+    name: KeyNameIn | None = Field(default=None, description="label in the key list")
     allow_unlisted_team: bool = Field(
         default=False,
         description="create the key even if the config lists no such team: it has no spend limit",
     )
 
 
+# What set_limit refuses without one of them, stated in the schema: at least one limit, not null.
+_SOME_LIMIT = {
+    "anyOf": [
+        {"required": ["limit_usd"], "properties": {"limit_usd": {"type": "number"}}},
+        {"required": ["rpm"], "properties": {"rpm": {"type": "integer"}}},
+        {"required": ["tpm"], "properties": {"tpm": {"type": "integer"}}},
+    ]
+}
+PerMinute = Annotated[int, Field(ge=1, le=2**31 - 1), Whole]  # 1000.0 is the integer 1000
+
+
 class LimitIn(_Body):
     """A team's (or one of its keys') limit override (`cost-router budget set`); takes effect
-    at once on every replica sharing the store."""
+    at once on every replica sharing the store. At least one of limit_usd, rpm, tpm."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_SOME_LIMIT)
 
     limit_usd: float | None = Field(default=None, ge=0, le=1e9, description="USD per period")
     period: Literal["hourly", "daily", "weekly", "monthly", "total"] = "monthly"
-    rpm: int | None = Field(default=None, ge=1, le=2**31 - 1, description="requests per minute")
-    tpm: int | None = Field(default=None, ge=1, le=2**31 - 1, description="tokens per minute")
-    key_id: str | None = Field(
-        default=None, max_length=64, description="a key id: set that key's limit, not the team's"
+    rpm: PerMinute | None = Field(default=None, description="requests per minute")
+    tpm: PerMinute | None = Field(default=None, description="tokens per minute")
+    key_id: KeyId | None = Field(
+        default=None, description="a key id: set that key's limit, not the team's"
     )
 
 
@@ -83,9 +135,7 @@ class ResetIn(_Body):
     """Zero the current period's spend (`cost-router budget reset`); the ledger keeps a
     `reset` entry."""
 
-    key_id: str | None = Field(
-        default=None, max_length=64, description="a key id: reset that key's spend only"
-    )
+    key_id: KeyId | None = Field(default=None, description="a key id: reset that key's spend only")
 
 
 BODIES: list[type[BaseModel]] = [KeyCreateIn, LimitIn, ResetIn]
@@ -213,7 +263,7 @@ async def _answer(action: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
     try:
         return json_response(200, await action())
     except AdminInputError as exc:
-        raise RouterError(400, "invalid_request", str(exc.args[0]), "key_id") from None
+        raise RouterError(400, "invalid_request", str(exc.args[0]), exc.param) from None
     except KeyNotFound as exc:
         raise RouterError(404, "key_not_found", str(exc.args[0]), "key_id") from None
     except (BudgetUnavailable, RedisError, OSError) as exc:
@@ -245,15 +295,17 @@ async def list_keys(request: Request) -> Response:
 
 @admin_router.post(
     "/keys",
-    responses={**ok(KeyCreated), **errors(*ERRORS, 413)},
+    responses={**ok(KeyCreated), **errors(*ERRORS, 409, 413)},
     openapi_extra={**json_body(KeyCreateIn), **AUTH},
 )
 async def create_key(request: Request) -> Response:
     admin, who = await _admin(request)
     body: KeyCreateIn = await _body(request, KeyCreateIn)
     if admin.unlisted(body.team) and not body.allow_unlisted_team:
+        # 409, not 400: the body is well formed (the schema cannot name the config's teams, and
+        # must not publish them); it conflicts with the config.
         raise RouterError(
-            400,
+            409,
             "unlisted_team",
             f"the config lists no team {body.team!r}, so a "
             "key of it would have no spend limit: add it under `teams:`, or set "
@@ -272,7 +324,7 @@ async def create_key(request: Request) -> Response:
 @admin_router.post(
     "/keys/{key_id}/revoke", responses={**ok(KeyOut), **errors(*ERRORS)}, openapi_extra=AUTH
 )
-async def revoke_key(key_id: str, request: Request) -> Response:
+async def revoke_key(key_id: KeyIdInPath, request: Request) -> Response:
     admin, who = await _admin(request)
 
     async def act() -> dict[str, Any]:
@@ -312,7 +364,7 @@ async def list_budgets(request: Request) -> Response:
 @admin_router.get(
     "/budgets/{team}", responses={**ok(StandingList), **errors(*ERRORS)}, openapi_extra=AUTH
 )
-async def team_budget(team: str, request: Request) -> Response:
+async def team_budget(team: TeamToRead, request: Request) -> Response:
     """One team's standing (`cost-router budget show --team`)."""
     admin, who = await _admin(request)
 
@@ -327,7 +379,7 @@ async def team_budget(team: str, request: Request) -> Response:
     responses={**ok(LimitOut), **errors(*ERRORS, 413)},
     openapi_extra={**json_body(LimitIn), **AUTH},
 )
-async def set_limit(team: str, request: Request) -> Response:
+async def set_limit(team: TeamToWrite, request: Request) -> Response:
     admin, who = await _admin(request)
     body: LimitIn = await _body(request, LimitIn)
     if body.limit_usd is None and body.rpm is None and body.tpm is None:
@@ -361,7 +413,7 @@ async def set_limit(team: str, request: Request) -> Response:
 @admin_router.delete(
     "/budgets/{team}/limit", responses={**ok(LimitOut), **errors(*ERRORS)}, openapi_extra=AUTH
 )
-async def clear_limit(team: str, request: Request, key_id: str | None = None) -> Response:
+async def clear_limit(team: TeamToWrite, request: Request, key_id: KeyIdQuery = None) -> Response:
     """Drop the override: the config's limit applies again (`cost-router budget set --clear`)."""
     admin, who = await _admin(request)
 
@@ -382,7 +434,7 @@ _OPTIONAL_BODY["requestBody"]["required"] = False  # no body: the team's spend
     responses={**ok(ResetOut), **errors(*ERRORS, 413)},
     openapi_extra={**_OPTIONAL_BODY, **AUTH},
 )
-async def reset_spend(team: str, request: Request) -> Response:
+async def reset_spend(team: TeamToWrite, request: Request) -> Response:
     admin, who = await _admin(request)
     body: ResetIn = await _body(request, ResetIn, empty_ok=True)
 
@@ -404,7 +456,7 @@ async def reset_spend(team: str, request: Request) -> Response:
 @admin_router.get(
     "/budgets/{team}/ledger", responses={**ok(LedgerOut), **errors(*ERRORS)}, openapi_extra=AUTH
 )
-async def ledger(team: str, request: Request) -> Response:
+async def ledger(team: TeamToRead, request: Request) -> Response:
     """Every charge of the team, oldest first (`cost-router budget ledger`)."""
     admin, who = await _admin(request)
 
@@ -421,7 +473,7 @@ async def ledger(team: str, request: Request) -> Response:
 
 
 @admin_router.get("/audit", responses={**ok(AuditOut), **errors(*ERRORS)}, openapi_extra=AUTH)
-async def audit(request: Request, team: str | None = None) -> Response:
+async def audit(request: Request, team: TeamQuery = None) -> Response:
     """Stored spend against the spend rebuilt from the ledger (`cost-router budget audit`)."""
     admin, who = await _admin(request)
 

@@ -10,7 +10,7 @@ inside the request path's error handling and finish().
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
@@ -21,6 +21,7 @@ from backends.tokens import count_tokens
 from backends.usage import read_usage, usage_json
 from router.http.body_limits import require_json
 from router.http.errors import RouterError, json_response, validation_message
+from router.http.schemas import MAX_TOKEN_ID, TokenIds, Whole, write_back
 from router.proxy.disconnect import until_disconnect
 from router.proxy.request_path import (
     Call,
@@ -38,16 +39,26 @@ ENDPOINT = "embeddings"
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 
 
-class EmbeddingRequest(BaseModel):
-    """An OpenAI embeddings request; fields not listed are forwarded unchecked."""
+Inputs = Field(min_length=1, max_length=MAX_INPUTS)
 
-    model_config = ConfigDict(extra="allow", strict=True)
-    model: str = Field(min_length=1, max_length=256)
-    input: str | list[str] | list[int] | list[list[int]] = Field(
-        description="text, texts, or token ids to embed"
+
+class EmbeddingRequest(BaseModel):
+    """An OpenAI embeddings request; fields not listed are forwarded unchecked (but `stream`:
+    embeddings do not stream)."""
+
+    # The schema states `_checked`'s rules: 1 to MAX_INPUTS inputs, no `stream`.
+    model_config = ConfigDict(
+        extra="allow", strict=True, json_schema_extra={"not": {"required": ["stream"]}}
     )
+    model: str = Field(min_length=1, max_length=256)
+    input: (
+        str
+        | Annotated[list[str], Inputs]
+        | Annotated[TokenIds, Inputs]
+        | Annotated[list[TokenIds], Inputs]
+    ) = Field(description="text, texts, or token ids to embed")
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = Field(default=None, ge=1, le=65536)
+    dimensions: Annotated[int, Field(ge=1, le=65536), Whole] | None = None
     user: str | None = None
 
 
@@ -56,15 +67,15 @@ def _checked(body: Any) -> dict[str, Any]:
         raise RouterError(400, "invalid_request", "request body must be a JSON object")
     try:
         request = EmbeddingRequest.model_validate(body)
+        write_back(body, request)  # 58.0 -> 58 where an integer is due: the upstream reads that
     except ValidationError as exc:
         problems = list(exc.errors(include_url=False))
         if problems and problems[0]["loc"][:1] == ("input",):  # one sentence for the union
             raise RouterError(
                 400,
                 "invalid_request",
-                "'input': expected a string, a list of "
-                "strings, or token ids (a list of integers, or of lists of "
-                "integers)",
+                f"'input': expected a string, or 1 to {MAX_INPUTS} strings or token "
+                f"ids (a list of integers from 0 to {MAX_TOKEN_ID}, or of lists of them)",
                 "input",
             ) from None
         message, param = validation_message(problems)

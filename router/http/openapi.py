@@ -18,6 +18,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
 REF = "#/components/schemas/{model}"
+# `openapi_extra=` of GET /metrics: its own bearer token, not an API key (router/endpoints/ops.py).
+METRICS_SECURITY = {"security": [{"metricsToken": []}]}
 
 
 class ErrorDetail(BaseModel):
@@ -79,10 +81,13 @@ class Readiness(_OpenObject):
 _DESCRIPTIONS = {
     400: "bad JSON, a body that is not an object, or a field out of range or of the wrong type "
     "(`param` names it)",
-    401: "missing, unknown or revoked API key",
+    401: "missing, unknown or revoked API key (on /metrics: missing or wrong metrics token)",
     403: "a team's API key on the admin API (it needs a key of auth.admin_keys)",
-    404: "unknown model, or an unknown (or another team's) request id",
+    404: "unknown model, or an unknown (or another team's) request id (/metrics: not served "
+    "on this listener)",
     408: "the body did not arrive in time (server.body_timeout_s)",
+    409: "the request conflicts with the config: a key of a team the config does not list "
+    "(allow_unlisted_team makes one)",
     413: "body larger than the limit",
     415: "Content-Type is not application/json",
     429: "budget, rate limit or tier capacity exceeded (Retry-After)",
@@ -139,7 +144,14 @@ def install_openapi(app: FastAPI, bodies: Sequence[type[BaseModel]]) -> None:
                 "type": "http",
                 "scheme": "bearer",
                 "description": "a key of `keys` or `cost-router keys create`",
-            }
+            },
+            "metricsToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "/metrics only: the token of monitoring.metrics_token_env "
+                "(required when that is set, or when auth.required is set without "
+                "monitoring.metrics_listen)",
+            },
         }
         app.openapi_schema = schema
         return schema

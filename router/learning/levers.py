@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +76,7 @@ class TrialOptions:
     max_quality_loss: float | None = None
     confidence: float = 0.95
     max_p95_latency_s: float | None = None
+    min_informative_pairs: int | None = None  # None: the gate's default
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,8 @@ def run_trial(
     alone = [r.quality for r in rows if r.quality is not None and r.kind == "alone"]
     write_levers(out / "levers.json", rows, len(prompts))
     tol = Tolerance(options.max_quality_loss, options.max_p95_latency_s, options.confidence)
+    if options.min_informative_pairs is not None:
+        tol = replace(tol, min_informative_pairs=options.min_informative_pairs)
     results = verdicts(rows, tol) if tol.active else []
     reports.write_json(
         out / "summary.json",

@@ -140,6 +140,10 @@ class Scope:
             section = data["policies"][self.policy]
         if value is None:
             section.pop("model_path", None)
+            if self.policy is None and not section:
+                # Restoring "no model_path" where the promotion added the section: the file
+                # gets back its own shape, not a `classifier: {}` it never had.
+                del data["classifier"]
         else:
             section["model_path"] = value
 
@@ -517,6 +521,20 @@ def _retune(
             notes.append(
                 f"note: policies.{name} ({sections.policies[name].type}) has no single "
                 "threshold: left as it is; check it with `cost-router simulate`"
+            )
+            continue
+        if entry.get("target_large_share") is not None and not entry.get("reference_trace"):
+            # Allowed only with calibrate: (policies/spec.py): the live calibrator holds the
+            # share, there is no trace to rescore, and it starts from the threshold named here.
+            start = (entry.get("calibrate") or {}).get("start_threshold")
+            origin = (
+                f"calibrate.start_threshold {start}"
+                if start is not None
+                else "the new model's card threshold"
+            )
+            notes.append(
+                f"policies.{name}: keeps target_large_share {entry['target_large_share']}, "
+                f"held on live traffic by calibrate (no reference_trace), starting from {origin}"
             )
             continue
         if entry.get("target_large_share") is not None:

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.base import Backend, UpstreamClientError, UpstreamError, Usage
 from backends.config import TierConfig
+from backends.usage import usage_cost
 from policies.budgets.estimate import requested_max_tokens, worst_case
 from policies.budgets.scopes import BudgetScope
 from policies.budgets.store import BudgetExceeded, BudgetStore
@@ -358,7 +359,7 @@ class ShadowService:
             raise
         latency_ms = (time.perf_counter() - t0) * 1000
         usage = answer.usage
-        cost = tier.price.cost(usage.prompt_tokens, usage.completion_tokens)
+        cost = usage_cost(tier.price, usage)
         await self._settle(reservation, cost, usage.prompt_tokens + usage.completion_tokens)
         self.metrics.shadow_spend.labels(tier.name).inc(cost)
         model = answer.body.get("model")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -11,6 +13,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 # Every counter and histogram would add a `<name>_created` series (its creation time): noise in
 # /metrics that no dashboard uses. The switch is process-wide and read at each scrape.
@@ -58,6 +61,21 @@ class RouterMetrics:
         self.tokens = Counter(
             "cost_router_tokens", "Tokens, by tier and kind", ["tier", "kind"], registry=r
         )
+        # Parts of cost_router_tokens{kind="prompt"} (so never summed with it): the cache-hit
+        # ratio is read / prompt, per tier.
+        self.cached_tokens = Counter(
+            "cost_router_cached_tokens",
+            "Prompt tokens the provider read from (read) or wrote to (write) its prompt cache, "
+            "as charged, by tier",
+            ["tier", "kind"],
+            registry=r,
+        )
+        self.reasoning_tokens = Counter(
+            "cost_router_reasoning_tokens",
+            "Reasoning tokens, part of the completion tokens, by tier",
+            ["tier"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "cost_router_fallbacks",
             "Requests moved to another tier",
@@ -79,7 +97,8 @@ class RouterMetrics:
         self.usage_faults = Counter(
             "cost_router_upstream_usage_faults",
             "Answers whose reported usage was not trusted (never charged): by tier and reason "
-            "(malformed, negative, completion_over_bound, prompt_over_bound)",
+            "(malformed, negative, completion_over_bound, prompt_over_bound, cached_over_prompt, "
+            "reasoning_over_completion)",
             ["tier", "reason"],
             registry=r,
         )
@@ -93,6 +112,13 @@ class RouterMetrics:
             "cost_router_downgrades",
             "Requests the budget moved to a cheaper tier of the policy",
             ["from_tier", "to_tier"],
+            registry=r,
+        )
+        self.session_decisions = Counter(
+            "cost_router_session_decisions",
+            "Requests by why their session's rules kept or moved the policy's tier "
+            "(docs/conversations.md: held, escalated, tool_loop, ...)",
+            ["policy", "mode", "reason"],
             registry=r,
         )
         # Live drift signals (router/observability/drift_monitor.py), per policy, over the rolling
@@ -162,5 +188,40 @@ class RouterMetrics:
             "cost_router_inflight", "Upstream requests in flight", ["tier"], registry=r
         )
 
-    def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    def render(self, team_labels: bool = True) -> tuple[bytes, str]:
+        """The exposition; team_labels=False (monitoring.team_labels): one that names no team."""
+        source = self.registry if team_labels else WithoutTeams(self.registry)
+        return generate_latest(source), CONTENT_TYPE_LATEST
+
+
+TEAM_LABEL = "team"
+SCOPE_LABEL = "scope"
+KEY_SCOPE = "key:"  # policies/budgets/scopes.py key_scope: `key:<id>`, a key of one team
+
+
+class WithoutTeams:
+    """A registry's series with no team in them: the `team` label dropped and a key's scope
+    (`key:<id>`) folded to `key`, then the series that coincide summed. Every team-labelled
+    series is additive (spend, cost, requests, limits, remaining), so a sum is the fleet's total:
+    rates, shares and remaining/limit stay right for the teams together, and a query that groups
+    `by (team)` gets one series."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if not any(TEAM_LABEL in s.labels for s in family.samples):
+                yield family
+                continue
+            sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in family.samples:
+                labels = {k: v for k, v in sample.labels.items() if k != TEAM_LABEL}
+                if labels.get(SCOPE_LABEL, "").startswith(KEY_SCOPE):
+                    labels[SCOPE_LABEL] = KEY_SCOPE.rstrip(":")
+                key = (sample.name, tuple(sorted(labels.items())))
+                sums[key] = sums.get(key, 0.0) + sample.value
+            folded = Metric(family.name, family.documentation, family.type, family.unit)
+            for (name, labels_), value in sums.items():
+                folded.add_sample(name, dict(labels_), value)
+            yield folded

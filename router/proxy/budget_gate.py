@@ -22,6 +22,8 @@ from policies.budgets.estimate import (
     TOKEN_BOUND_NAMES,
     WorstCase,
     bound_fields,
+    bound_source,
+    prompt_counter,
     requested_max_tokens,
     worst_case,
 )
@@ -61,11 +63,13 @@ def _spend_refusal(
     """The refusal's message and Retry-After (None: waiting cannot help). Says what the
     request's worst case is, what is left, and what to change."""
     ask = f"this request's worst case {_usd(standing.amount_nanos)}"
-    if worst is not None:
+    if worst is not None and worst.completion_tokens:
         ask += (
             f" ({worst.prompt_tokens} prompt tokens estimated, up to "
             f"{worst.completion_tokens} completion tokens from {bound_from})"
         )
+    elif worst is not None:  # embeddings: the prompt is all there is
+        ask += f" ({worst.prompt_tokens} prompt tokens estimated)"
     limit = f"the {standing.period} spend limit {_usd(standing.limit_nanos)}"
     if standing.never_fits:
         return (
@@ -94,7 +98,7 @@ def _spend_refusal(
 
 
 def _refusal(
-    exc: BudgetExceeded, worst: WorstCase | None = None, bound_from: str = "max_tokens"
+    exc: BudgetExceeded, worst: WorstCase | None = None, bound_from: str = ""
 ) -> RouterError:
     message, retry_after_s = str(exc), exc.retry_after_s
     if exc.reason == "budget" and exc.standing is not None:
@@ -124,6 +128,8 @@ class BudgetGate:
         self.gauges = gauges  # one per metrics registry: survives hot reloads of the gate
         self.limits = ScopeLimits(teams, keys)
         self._tiers = tiers
+        for tier in tiers.values():  # load each known tokenizer now (cached), not on a request
+            prompt_counter(tier, settings.prompt_estimate)
         self._seen_teams: set[str] = set()
         self._views: dict[str, tuple[float, BudgetView]] = {}
 
@@ -176,12 +182,14 @@ class BudgetGate:
         cheaper: list[TierConfig] | None = None,
         *,
         endpoint: str,
+        bound_from: str | None = None,
     ) -> Admission:
         """Reserve the worst case of the first option that fits: the chain as chosen, then the
         chain without fallbacks pricier than its first tier, then (budgets.downgrade) each
         cheaper tier, priciest first. Nothing fits -> 429 `budget_exceeded`, with Retry-After
         only when waiting can help (`_spend_refusal`).
-        `body` is what `bound_body` returned for `endpoint`."""
+        `body` is what `bound_body` returned for `endpoint`; `bound_from` is `bound_source` of
+        the body before that (bound_body may have added the default), None when they are one."""
         scope = self.scope(identity)
         if len(self._seen_teams) < 10_000:
             self._seen_teams.add(identity.team)
@@ -200,17 +208,25 @@ class BudgetGate:
                 raise RouterError(503, "budget_unavailable", str(exc)) from None
             return Admission(option, downgraded, worst.nanos)
         assert last_refusal is not None
-        bounded = requested_max_tokens(body, endpoint) is not None
-        raise _refusal(
-            *last_refusal,
-            "max_tokens"
-            if bounded
-            else "budgets.default_max_tokens (the request sets no max_tokens)",
+        raise _refusal(*last_refusal, bound_from or self.bound_source(body, endpoint))
+
+    def bound_source(self, body: dict[str, Any], endpoint: str) -> str:
+        """Where the completion bound reserved for `body` (as the client sent it) comes from,
+        as a refusal names it: the client's field, else budgets.default_max_tokens."""
+        field = bound_source(body, endpoint)
+        if field is not None:
+            return field
+        return (
+            "budgets.default_max_tokens (the request sets no "
+            f"{' or '.join(bound_fields(endpoint))})"
         )
 
     def _worst(self, body: dict[str, Any], endpoint: str, tier: TierConfig) -> WorstCase:
         s = self.settings
-        return worst_case(body, tier.price, s.default_max_tokens, s.prompt_estimate, endpoint)
+        counter = prompt_counter(tier, s.prompt_estimate)  # the tier's own tokenizer, if known
+        return worst_case(
+            body, tier.price, s.default_max_tokens, s.prompt_estimate, endpoint, counter
+        )
 
     def _options(
         self,
@@ -266,6 +282,8 @@ class BudgetGate:
         try:
             settled = await self.store.settle(request_id, cost_usd, tokens)
         except Exception:  # noqa: BLE001 - the answer is already sent; never fail it here
+            # Not an outage (that is journaled inside the store) but a bug; the store has
+            # already stopped renewing the hold, which runs out with its lease.
             log.exception("budget settle failed for %s", request_id)
             return
         if settled.overage_nanos:

@@ -27,8 +27,9 @@ from policies.budgets.metrics import BudgetGauges
 from policies.budgets.store import BudgetStore
 from policies.calibration import calibration_store, carry_calibration
 from policies.keys import KeyRing, KeyStore
-from policies.registry import build_policies
+from policies.registry import build_policies, session_settings
 from policies.selection import PolicySelector
+from policies.sessions.factory import session_store
 from router.config import RouterConfig
 from router.learning.feedback import FeedbackService
 from router.learning.shadow import ShadowDeps, build_shadow, reload_shadow
@@ -52,6 +53,7 @@ def build_selector(config: RouterConfig) -> PolicySelector:
         teams=config.teams,
         keys=config.keys,
         experiments=config.experiments,
+        sessions=session_settings(config.policies),
     )
 
 
@@ -136,6 +138,7 @@ def build_state(
         ),
         shadow=build_shadow(config.evaluation, shadow_deps, config.classifier.context_turns),
         balanced=balanced_sets(backends),
+        sessions=session_store(budget_store, config.budgets.key_prefix),
     )
 
 
@@ -166,6 +169,7 @@ def _key_ring(config: RouterConfig, store: KeyStore, previous: KeyRing | None = 
         store,
         config.budgets.key_cache_s,
         config.budgets.key_outage_grace_s,
+        config.removed_teams,
     )
     if previous is not None:
         ring.adopt(previous)  # a reload must not forget the revocations this replica has seen

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -26,15 +26,20 @@ from backends.config import TierConfig
 from backends.deployments import DeploymentsBusy
 from backends.json_limits import MAX_JSON_DEPTH, deeper_than
 from backends.usage import counted_usage, usage_json
-from policies.base import RoutingContext
+from policies.base import Decision, RoutingContext
+from policies.context_window import REASON as CONTEXT_REASON
+from policies.context_window import context_need, fit_tier, fits, refusal_message
 from policies.keys import AuthError, Identity, KeyStoreUnavailable
 from policies.selection import Selection, UnknownPolicyError
+from policies.sessions.identity import SessionKey
+from policies.spec import tiers_by_price
 from router.http.body_limits import body_timed_out
 from router.http.errors import RouterError, error_body, error_response, json_response
 from router.http.schemas import validate_body
 from router.observability.telemetry_config import NO_MARKS, Marks, StepMarks, caller_trace
 from router.proxy.disconnect import DisconnectWatch, RelayResponse, until_disconnect
 from router.proxy.limiter import TierLimiter
+from router.proxy.session_step import CLIENT_TIER, SessionInfo, hold, session_key
 from router.proxy.state import RouterState
 from router.proxy.stream_relay import StreamMeter, relay
 from router.proxy.usage_guard import Priced, checked_usage, priced
@@ -72,6 +77,10 @@ class Call:
     ttft_ms: float | None = None
     reserved: bool = False
     downgraded: bool = False  # the budget did not fit the chosen tier; a cheaper one answered
+    # What the request needs of a context window (only while some tier sets one), and the chosen
+    # tier that could not hold it (fit_context_window).
+    context_tokens: int | None = None
+    context_from: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     body: dict[str, Any] | None = None  # as sent upstream; read by shadow comparisons
@@ -84,6 +93,7 @@ class Call:
     # router/observability/telemetry.py builds the spans from them in finish().
     marks: Marks = NO_MARKS
     trace_parent: dict[str, str] | None = None  # the caller's W3C trace context headers
+    session: SessionInfo | None = None  # the conversation and why its rules kept or moved it
 
     @property
     def policy(self) -> str:
@@ -129,6 +139,10 @@ class Call:
             h["x-router-fallback-from"] = self.tiers_tried[0]
         if self.downgraded:
             h["x-router-downgraded"] = "true"
+        if self.context_from is not None:
+            h["x-router-context-window"] = f"moved from {self.context_from}"
+        if self.session is not None:
+            h["x-router-session"] = self.session.header()
         return h
 
     def trace(self, signals: dict[str, dict[str, float]] | None) -> dict[str, Any]:
@@ -153,6 +167,11 @@ class Call:
             "tiers_tried": self.tiers_tried,
             "prompt_tokens": usage.prompt_tokens if usage else None,
             "completion_tokens": usage.completion_tokens if usage else None,
+            # What the cost priced as cache reads, cache writes (the rest of the prompt fresh)
+            # and reasoning (part of the completion): 0 for our own count.
+            "cached_tokens": usage.cached_tokens if usage else None,
+            "cache_write_tokens": usage.cache_write_tokens if usage else None,
+            "reasoning_tokens": usage.reasoning_tokens if usage else None,
             "cost_usd": self.cost_usd,
             "latency_ms": (time.perf_counter() - self.started) * 1000,
             "ttft_ms": self.ttft_ms,
@@ -173,6 +192,18 @@ class Call:
             record["error_detail"] = self.error_detail
         if self.deployment is not None:
             record["deployment"] = self.deployment
+        if sel is not None and sel.unit:
+            # What assigned the arm (the body's `user` is not the key's `user` above): the unit
+            # the A/B report resamples (simulations/ab_report.py).
+            record["ab_unit"], record["ab_unit_id"] = sel.unit, sel.unit_id
+        if self.session is not None:
+            record["session"] = self.session.key.id
+            record["turn"] = self.session.key.turn
+            record["session_reason"] = self.session.reason
+            if self.session.quote is not None:
+                record["session_prompt_tokens"], record["session_prefix_tokens"] = (
+                    self.session.quote
+                )
         return record
 
 
@@ -243,18 +274,25 @@ async def _handle(state: RouterState, request: Request, call: Call) -> Response:
     call.marks.start("route")
     await route(state, call, body, request)
     call.marks.end("route", then="budget")
-    chain = tier_chain(state, call.tier or "")
+    chain = tier_chain(state, call.tier or "", call.context_tokens)
     # What the upstream gets carries exactly the bound that is reserved, in the field(s) the
-    # endpoint obeys.
+    # endpoint obeys. Where that bound came from is read first, for a refusal to name it.
+    bound_from = state.budgets.bound_source(body, call.endpoint)
     body = state.budgets.bound_body(body, call.endpoint)
     call.body = body
     # --- budget: reserve (settled or released in finish()/_fail(), whatever happens next) ------
     admitted = await state.budgets.reserve(
-        call.id, call.identity, body, chain, cheaper_tiers(state, call), endpoint=call.endpoint
+        call.id,
+        call.identity,
+        body,
+        chain,
+        cheaper_tiers(state, call),
+        endpoint=call.endpoint,
+        bound_from=bound_from,
     )
     call.hold(admitted.reserved_nanos)
     call.marks.end("budget")
-    chain = admitted.chain
+    chain = within_window(admitted.chain, call.context_tokens)  # a downgrade's fallbacks too
     if admitted.downgraded:
         state.metrics.downgrades.labels(call.tier or "", chain[0].name).inc()
         call.downgrade_to(chain[0].name)
@@ -322,9 +360,15 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
     call.requested_model = model
     ident = call.identity
     user = body.get("user") if isinstance(body.get("user"), str) else ident.user
+    session = session_key(request.headers, body, ident.team)  # a hash of the prefix: no I/O
     try:
         call.selection = state.selector.select(
-            model, team=ident.team, key_id=ident.key_id, user=user, headers=request.headers
+            model,
+            team=ident.team,
+            key_id=ident.key_id,
+            user=user,
+            headers=request.headers,
+            session=session.id if session is not None else None,
         )
     except UnknownPolicyError as exc:
         raise RouterError(404, "model_not_found", str(exc), param="model") from None
@@ -335,6 +379,9 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
     policy = call.selection.policy
     if policy is None:
         call.tier, call.reason = call.selection.tier, "explicit tier"
+        if session is not None:  # a tier the client named is never changed
+            call.session = SessionInfo(session, "none", CLIENT_TIER)
+        fit_context_window(state, call, body, [call.tier], pinned=True)
         return
     t0 = time.perf_counter()
     scorer = state.scorer_for(call.selection.policy_name)  # a canary policy has its own model
@@ -350,26 +397,96 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
     )
     decision = policy.decide(ctx)
     call.tier, call.reason = decision.tier, decision.reason
+    await _session(state, call, body, session, decision, policy.tiers())
+    # Last of the routing choices (after a session's): the chosen tier must hold the request.
+    fit_context_window(state, call, body, policy.tiers())
     if state.drift is not None:  # the live window and a calibrating policy's score count
         state.drift.observe(call.policy, policy, call.score, decision.tier, state.spawn)
 
 
+def fit_context_window(
+    state: RouterState,
+    call: Call,
+    body: dict[str, Any],
+    candidates: Sequence[str],
+    pinned: bool = False,
+) -> None:
+    """The context-window step (policies/context_window.py): a request the chosen tier cannot
+    hold moves to the cheapest of `candidates` that can; a `pinned` tier (the client named it)
+    is never moved. None can: one 400 `context_length_exceeded`, before anything is reserved or
+    sent upstream. Free when no tier sets a `context_window`."""
+    tiers = state.tiers
+    if all(t.context_window is None for t in tiers.values()):
+        return
+    settings = state.budgets.settings  # the reservation's estimate and bound: one count
+    need = context_need(body, call.endpoint, settings.default_max_tokens, settings.prompt_estimate)
+    call.context_tokens = need.tokens
+    chosen = call.tier or ""
+    windows = {name: t.context_window for name, t in tiers.items()}
+    prices = {name: tiers[name].price for name in candidates if name in tiers}
+    tier = fit_tier(chosen, need.tokens, windows, prices, pinned)
+    if tier is None:
+        considered = [chosen] if pinned else tiers_by_price(prices)
+        message = refusal_message(need, windows, considered, named=pinned)
+        param = "messages" if "messages" in body else "prompt"
+        raise RouterError(400, "context_length_exceeded", message, param=param)
+    if tier != chosen:
+        call.context_from, call.tier = chosen, tier
+        moved = f"{CONTEXT_REASON}: up to {need.tokens} tokens, {chosen} holds {windows[chosen]}"
+        call.reason = f"{call.reason}; {moved}; moved to {tier}".lstrip("; ")
+
+
+def within_window(chain: list[TierConfig], tokens: int | None) -> list[TierConfig]:
+    """The tiers of `chain` whose context window holds `tokens` (None: no window is set)."""
+    if tokens is None:
+        return chain
+    return [t for t in chain if fits(t.context_window, tokens)]
+
+
+async def _session(
+    state: RouterState,
+    call: Call,
+    body: dict[str, Any],
+    session: SessionKey | None,
+    decision: Decision,
+    policy_tiers: list[str],
+) -> None:
+    """The session mode and the tool loop on the policy's decision (router/proxy/session_step.py;
+    at most one store round trip). A context-window limit and a budget downgrade, applied after
+    it, win over a session's rules."""
+    settings = state.selector.session(call.policy)
+    fail_open = state.budgets.settings.fail_mode == "open"
+    tier, info = await hold(
+        state.sessions, session, settings, body, decision, state.tiers, fail_open, policy_tiers
+    )
+    if info is None:
+        return
+    call.session = info
+    state.metrics.session_decisions.labels(call.policy, settings.mode, info.reason).inc()
+    if tier != call.tier:
+        call.reason = f"{call.reason}; session {info.reason}: {tier}"
+        call.tier = tier
+
+
 def cheaper_tiers(state: RouterState, call: Call) -> list[TierConfig]:
-    """Tiers the budget may downgrade to: the policy's own tiers (never for an explicit tier)."""
+    """Tiers the budget may downgrade to: the policy's own tiers (never for an explicit tier)
+    that hold the request (a context window outranks a budget downgrade)."""
     policy = call.selection.policy if call.selection is not None else None
     if policy is None:
         return []
-    return [state.tiers[n] for n in policy.tiers() if n != call.tier and n in state.tiers]
+    tiers = [state.tiers[n] for n in policy.tiers() if n != call.tier and n in state.tiers]
+    return within_window(tiers, call.context_tokens)
 
 
-def tier_chain(state: RouterState, first: str) -> list[TierConfig]:
-    """The chosen tier, then its configured fallbacks in order."""
+def tier_chain(state: RouterState, first: str, tokens: int | None = None) -> list[TierConfig]:
+    """The chosen tier, then its configured fallbacks in order, less the fallbacks whose
+    context window cannot hold `tokens` (an upstream 400 is never the plan)."""
     tier = state.tiers[first]
     chain = [tier]
     for name in tier.fallback:
         if name != first and state.tiers[name] not in chain:
             chain.append(state.tiers[name])
-    return chain
+    return [tier, *within_window(chain[1:], tokens)]
 
 
 def upstream_body(body: dict[str, Any], tier: TierConfig, stream: bool) -> dict[str, Any]:
@@ -388,8 +505,10 @@ class _Fallback(Generic[R]):
     """The one tier-fallback loop: the chain's tiers in order until one answers, each behind
     its in-flight slot (a full tier is skipped). `attempt` runs with the slot held and owns it:
     it gives it back when it fails, and when it answers keeps it for as long as its answer
-    needs it. An UpstreamError tries the next tier; anything else ends the request. Why each
-    tier did not answer becomes one client error at the end."""
+    needs it. An UpstreamError tries the next tier; anything else ends the request, among them
+    an UpstreamClientError: the upstream said the request itself is invalid (a 4xx, or a 5xx
+    its server kind answers invalid requests with, backends/normalize.py), and every other tier
+    would be sent the same request. Why each tier did not answer becomes one client error."""
 
     __slots__ = ("state", "call", "body", "saturated", "failed")
 
@@ -638,9 +757,12 @@ async def finish(state: RouterState, call: Call) -> None:
     call.marks.end("settle")
     # -----------------------------------------------------------------------------------------
     m = state.metrics
-    m.requests.labels(call.tier or "", call.policy, str(call.status)).inc()
-    if call.identity is not None and call.tier:  # per team: its large share, by PromQL
-        m.team_requests.labels(call.identity.team, call.tier).inc()
+    # As the x-router-tier header: a request refused before any tier was tried (a budget 429)
+    # names no tier, though a tier was chosen.
+    tier = call.tier if call.tiers_tried else None
+    m.requests.labels(tier or "", call.policy, str(call.status)).inc()
+    if call.identity is not None and tier:  # per team: its large share, by PromQL
+        m.team_requests.labels(call.identity.team, tier).inc()
     if call.error:
         m.errors.labels(call.error).inc()
     if usage is not None and usage.fault is not None:
@@ -655,6 +777,13 @@ async def finish(state: RouterState, call: Call) -> None:
     if usage is not None and call.tier:
         m.tokens.labels(call.tier, "prompt").inc(usage.prompt_tokens)
         m.tokens.labels(call.tier, "completion").inc(usage.completion_tokens)
+        # Reads for every request, 0 included: the cache-hit ratio's series exist from the
+        # first request.
+        m.cached_tokens.labels(call.tier, "read").inc(usage.cached_tokens)
+        if usage.cache_write_tokens:
+            m.cached_tokens.labels(call.tier, "write").inc(usage.cache_write_tokens)
+        if usage.reasoning_tokens:
+            m.reasoning_tokens.labels(call.tier).inc(usage.reasoning_tokens)
     if call.cost_usd and call.tier:
         team = call.identity.team if call.identity else ""
         m.cost_usd.labels(call.tier, team).inc(call.cost_usd)

@@ -20,6 +20,7 @@ from backends.deployments import DeploymentSet
 from backends.signal_poller import SignalsPoller
 from policies.keys import KeyRing
 from policies.selection import PolicySelector
+from policies.sessions.store import MemorySessionStore, SessionStore
 from router.config import RouterConfig
 from router.learning.feedback import FeedbackService
 from router.learning.shadow import ShadowDeps, ShadowService
@@ -72,6 +73,8 @@ class RouterState:
     telemetry: CallTracer | None = None  # OpenTelemetry spans; None when telemetry is off
     # Tiers that balance several deployments: their load comes from the deployments' probes.
     balanced: dict[str, DeploymentSet] = field(default_factory=dict)
+    # Conversations' state, next to the budgets (policies/sessions/; kept across reloads).
+    sessions: SessionStore = field(default_factory=MemorySessionStore)
     # Settle-and-trace work that outlives its response; awaited on shutdown.
     pending: set[asyncio.Task[None]] = field(default_factory=set)
 

@@ -86,7 +86,7 @@ class StreamMeter:
         """Record one parsed JSON event; True when it is a usage-only chunk (held back)."""
         if self.model is None and isinstance(obj.get("model"), str):
             self.model = obj["model"]
-        usage = read_usage(obj.get("usage"))
+        usage = read_usage(obj.get("usage"), obj.get("timings"))
         if usage is None:
             return False
         if usage.fault is not None:
@@ -157,11 +157,14 @@ class StreamMeter:
         }
         # The upstream's own usage fields (token details) only with its counts, not our estimate.
         reported = (self.usage_chunk or {}).get("usage") if usage.reported else None
-        payload = {
-            **base,
-            "choices": [],
-            "usage": {**(reported or {}), **usage_json(usage, cost_usd=round(cost_usd, 10))},
-        }
+        ours = usage_json(usage, cost_usd=round(cost_usd, 10))
+        out = {**(reported or {}), **ours}
+        for key in ("prompt_tokens_details", "completion_tokens_details"):
+            # The upstream's other details (audio tokens, ...) stay beside the priced ones.
+            theirs = (reported or {}).get(key)
+            if key in ours and isinstance(theirs, dict):
+                out[key] = {**theirs, **ours[key]}
+        payload = {**base, "choices": [], "usage": out}
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 

@@ -10,6 +10,14 @@ bounds, and the fault is counted in `cost_router_upstream_usage_faults_total` an
 Valid usage is charged as reported, but never above the reservation (`UsageBound.reserved_nanos`,
 the request's worst case): what it would cost beyond is recorded by the store as overage
 (a tokenizer mismatch: the upstream counted more prompt tokens than the estimate allowed).
+
+The breakdown is held to the totals it breaks down: tokens read from or written to the
+provider's prompt cache are part of the prompt (more than the prompt is a fault), reasoning tokens
+part of the completion (OpenAI counts them in completion_tokens: charged once, as output). A fault
+drops the breakdown with the rest of the report: our own count knows no cache, so every prompt
+token is charged as fresh input, never a credit. The reservation priced every prompt token at the
+dearest prompt price (`Price.worst_cost_nanos`); the settle charges cached and written tokens at
+their own prices (`priced`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ PROMPT_FAULT_FACTOR = 4
 
 COMPLETION_OVER_BOUND = "completion_over_bound"
 PROMPT_OVER_BOUND = "prompt_over_bound"
+CACHED_OVER_PROMPT = "cached_over_prompt"  # cached + cache-write tokens past prompt_tokens
+REASONING_OVER_COMPLETION = "reasoning_over_completion"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +54,10 @@ def _implausible(usage: Usage, bound: UsageBound) -> str | None:
         return COMPLETION_OVER_BOUND
     if usage.prompt_tokens > PROMPT_FAULT_FACTOR * bound.prompt_tokens:
         return PROMPT_OVER_BOUND
+    if usage.cached_tokens + usage.cache_write_tokens > usage.prompt_tokens:
+        return CACHED_OVER_PROMPT
+    if usage.reasoning_tokens > usage.completion_tokens:
+        return REASONING_OVER_COMPLETION
     return None
 
 
@@ -61,6 +75,7 @@ def checked_usage(usage: Usage, bound: UsageBound, own_count: Callable[[], Usage
     if bound.completion_enforced:
         completion = min(completion, bound.completion_tokens)
     prompt = min(usage.prompt_tokens, bound.prompt_tokens)
+    # No breakdown: a count of ours (or a broken report) prices every prompt token as fresh.
     return Usage(max(0, prompt), max(0, completion), False, usage.fault)
 
 
@@ -71,5 +86,7 @@ class Priced:
 
 
 def priced(usage: Usage, price: Price, bound: UsageBound) -> Priced:
-    actual = price.cost_nanos(usage.prompt_tokens, usage.completion_tokens)
+    actual = price.cost_nanos(
+        usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, usage.cache_write_tokens
+    )
     return Priced(min(actual, bound.reserved_nanos) / NANOS_PER_USD, actual / NANOS_PER_USD)

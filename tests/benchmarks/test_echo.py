@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from benchmarks.echo_upstream import running_echo_upstream
+from benchmarks.echo_upstream import PrefixCache, running_echo_upstream
 from tests.support.ports import free_port
 from tests.support.proxy import ProxyThread, make_config, tier
 from trace_format.schema import TraceRecord
@@ -235,9 +235,12 @@ def test_completions_endpoint_and_models(proxy: ProxyThread) -> None:
 def test_readyz_reports_down_tier_and_healthz_is_live(proxy: ProxyThread) -> None:
     assert httpx.get(proxy.url + "/healthz").json() == {"status": "ok"}
     r = httpx.get(proxy.url + "/readyz")
-    assert r.status_code == 503
+    # The default policy's tiers fall back to a live one: ready, each tier's state in the body
+    # (tests/router/endpoints/test_readyz.py has the rule).
+    assert r.status_code == 200, r.text
     checks = r.json()["checks"]
     assert checks["tier:small"]["ok"] and not checks["tier:dead"]["ok"]
+    assert all(p["ok"] for p in r.json()["paths"].values())
 
 
 def test_metrics_count_requests_cost_and_classifier_latency(proxy: ProxyThread) -> None:
@@ -397,3 +400,47 @@ def test_timed_out_tier_falls_back(echo: str, tmp_path: Path) -> None:
         assert r.headers["x-router-fallback-from"] == "small"
         r = post(proxy, {**CHAT, "model": "small", "echo": {"delay_ms": 800}, "stream": True})
         assert r.status_code == 200 and r.headers["x-router-tier"] == "large"
+
+
+# --- the echo's prompt cache (issue 23, item 7) ----------------------------------------------
+
+
+def _cached(url: str, words: str, model: str = "m", stream: bool = False, **echo: Any) -> int:
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": words}]}
+    if echo:
+        body["echo"] = echo
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    r = httpx.post(url + "/chat/completions", json=body, timeout=10)
+    assert r.status_code == 200
+    if stream:
+        usage = orjson.loads(r.content.split(b"\n\n")[-3].removeprefix(b"data: "))["usage"]
+    else:
+        usage = r.json()["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert 0 <= cached <= usage["prompt_tokens"]
+    return int(cached)
+
+
+def test_echo_reports_the_longest_cached_prefix_per_model_in_whole_blocks() -> None:
+    ten = "a b c d e f g h i j"
+    with running_echo_upstream("--cache-block", "4") as url:
+        assert _cached(url, ten) == 0  # first sight: nothing cached
+        assert _cached(url, ten) == 8  # two whole blocks of 4; the last 2 words are no block
+        assert _cached(url, ten + " k l m") == 8  # a longer prompt with that prefix
+        assert _cached(url, ten + " k l m", stream=True) == 12  # streams report it too
+        assert _cached(url, ten, model="other") == 0  # per model: another model's cache is cold
+        assert _cached(url, "z " + ten) == 0  # a prefix, not any shared text
+        assert _cached(url, ten, cache_ttl_s=1e-9) == 0  # last used longer ago than the TTL
+        assert _cached(url, ten, cache_block=1) == 0  # blocks of another size: none cached yet
+        assert _cached(url, ten, cache_block=1) == 10  # exact
+    with running_echo_upstream("--cache-ttl-s", "0") as url:
+        assert _cached(url, ten) == _cached(url, ten) == 0  # no cache
+
+
+def test_prefix_cache_stays_within_its_entries() -> None:
+    cache = PrefixCache(entries=2)
+    words = ["a", "b", "c", "d"]
+    assert cache.serve("m", words, 1, 60) == 0  # 4 block prefixes, 2 kept: the last two
+    assert len(cache.last_used) == 2
+    assert cache.serve("m", words, 1, 60) == 0  # its first block was evicted: no prefix hit

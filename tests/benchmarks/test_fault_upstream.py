@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from benchmarks.fault_upstream import (
+    CACHED_EXTRA,
     FAULTS,
     HUGE_TOKENS,
     INTERNAL_HOST,
@@ -60,11 +61,22 @@ def test_usage_faults(upstream: str, stream: bool) -> None:
         assert r.status_code == 200
         return usage_of(r.content) if stream else r.json()["usage"]
 
-    assert usage("none") == {"prompt_tokens": 2, "completion_tokens": 8, "total_tokens": 10}
+    normal = usage("none")
+    assert {k: normal[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+        "prompt_tokens": 2,
+        "completion_tokens": 8,
+        "total_tokens": 10,
+    }
+    assert normal["prompt_tokens_details"] == {"cached_tokens": 0}  # shorter than a cache block
     assert usage("huge_usage")["completion_tokens"] == HUGE_TOKENS
     negative = usage("negative_usage")
     assert negative["prompt_tokens"] == negative["completion_tokens"] == NEGATIVE_TOKENS
     assert usage("nonnumeric_usage")["prompt_tokens"] == "abc"
+    over = usage("cached_over_prompt")
+    assert over["prompt_tokens_details"]["cached_tokens"] == over["prompt_tokens"] + CACHED_EXTRA
+    assert usage("negative_cached")["prompt_tokens_details"]["cached_tokens"] == NEGATIVE_TOKENS
+    assert isinstance(usage("details_string")["prompt_tokens_details"], str)
+    assert usage("details_list")["prompt_tokens_details"] == [2]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -4,6 +4,7 @@ traces."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,12 @@ def test_experiment_through_proxy_to_report(tmp_path: Path, upstreams) -> None:
     assert arms["control"].feedback.value == pytest.approx(0.9)
     assert arms["treatment"].feedback.value == pytest.approx(0.6)
     diffs = {c.metric: c for c in rep.comparisons}
-    assert diffs["feedback"].p_value < 0.001 and diffs["cost_per_1k"].p_value < 0.001
+    assert diffs["cost_per_1k"].p_value < 0.001
+    # Every rating within an arm is the same: no interval or p-value is claimed (issue 25).
+    assert diffs["feedback"].note == "not computed: no variance"
+    assert math.isnan(diffs["feedback"].p_value)
+    # The traces name the unit that assigned the arms: the body's `user`, resampled whole.
+    assert rep.unit == "user" and sum(a.units for a in rep.arms) == len(seen)
 
     out = tmp_path / "ab.html"
     res = CliRunner().invoke(

@@ -23,8 +23,9 @@ from backends.base import TierLoad
 from backends.config import Price
 from policies.base import BatchContext, BudgetView, Decision, Policy, RoutingContext, Tunable
 from policies.config import PolicyConfig
-from policies.registry import SPECS, build_policies
+from policies.registry import SPECS, build_policies, session_settings
 from policies.spec import PolicyEnv, price_rank
+from trace_format.config_base import ConfigError
 
 # Config order is not price order, so "cheapest first" is the policies' doing.
 PRICES = {
@@ -208,3 +209,21 @@ def test_tunable_threshold_round_trips(
     # Only from below: a budget_pacing ceiling rises to a base above it, and stays there.
     back = policy.with_threshold(min(t, policy.threshold)).with_threshold(policy.threshold)
     assert decisions(back, scores, ctx) == decisions(policy, scores, ctx)
+
+
+@pytest.mark.parametrize(("kind", "params"), CASES)
+@pytest.mark.parametrize("mode", ["per_request", "sticky", "escalate_only", "cache_aware"])
+def test_every_type_takes_the_session_option(kind: str, params: dict[str, Any], mode: str) -> None:
+    """`session:` is every type's (policies/sessions/): it changes nothing the policy decides
+    (the request path applies it), and a typo in it is an error naming the key."""
+    option = {"mode": mode, "ttl_s": 120}
+    with_session = {**params, "session": option}
+    plain, held = build(kind, params), build(kind, with_session)
+    scores = np.linspace(0, 1, 21)
+    assert held.tiers() == plain.tiers()
+    assert list(held.decide_batch(scores)) == list(plain.decide_batch(scores))
+    config = PolicyConfig.model_validate({"type": kind, **with_session})
+    assert session_settings({"p": config})["p"].mode == mode
+    bad = PolicyConfig.model_validate({"type": kind, **params, "session": {"mode": "stiky"}})
+    with pytest.raises(ConfigError, match=r"policies\.p\.session\.mode"):
+        session_settings({"p": bad})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,58 @@ def test_a_file_error_next_to_an_override_still_names_the_file(tmp_path: Path) -
     assert f"invalid configuration in {path}" in message
     assert "server.host (set by COST_ROUTER__SERVER__HOST)" in message
     assert "  server.port: Input should be greater than or equal to 1" in message
+
+
+# Names the config refuses (policies/names.py), and the refusal's words for each: the reserved
+# shadow scope, NUL, a brace that would split the Redis Cluster hash tag, an unbounded name.
+BAD_NAMES = [
+    ("__shadow__", "reserved for internal scopes"),
+    ("a\x00b", "'a\\x00b': must start with a letter or digit"),
+    ("x}y{z", "'x}y{z': must start with a letter or digit"),
+    ("t" * 10_000, "(10000 characters): must be at most 128 characters"),
+]
+
+
+def _config_with(section: dict[str, object]) -> dict[str, object]:
+    return {**copy.deepcopy(BASE), **section}
+
+
+@pytest.mark.parametrize(("name", "words"), BAD_NAMES)
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        (lambda n: {"teams": {n: {}}}, "teams"),
+        (lambda n: {"keys": [{"key_sha256": "0" * 64, "team": n}]}, "keys.0.team"),
+        (lambda n: {"keys": [{"key_sha256": "0" * 64, "team": "ok", "user": n}]}, "keys.0.user"),
+        (lambda n: {"keys": [{"key_sha256": "0" * 64, "team": "ok", "name": n}]}, "keys.0.name"),
+        (lambda n: {"auth": {"default_team": n}}, "auth.default_team"),
+    ],
+)
+def test_a_bad_team_user_or_key_name_is_refused_naming_key_and_file(
+    tmp_path: Path, name: str, words: str, where: Callable[[str], dict[str, object]], key: str
+) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(_config_with(where(name))), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, environ={})
+    message = str(refused.value)
+    assert str(path) in message and f"  {key}: " in message, message
+    assert words in message
+    # Shown escaped and cut: never a raw NUL or 10,000 characters in an error line.
+    assert "\x00" not in message and len(message) < 500
+
+
+def test_names_in_use_still_load() -> None:
+    cfg = config_from_dict(
+        _config_with(
+            {
+                "teams": {"search": {}, "team-1.eu": {}, "org:ml": {}},
+                "keys": [
+                    {"key_sha256": "0" * 64, "team": "search", "user": "ann+ci@example.com"},
+                ],
+                "auth": {"default_team": "search"},
+            }
+        ),
+        environ={},
+    )
+    assert set(cfg.teams) == {"search", "team-1.eu", "org:ml"}

@@ -11,6 +11,7 @@ import pytest
 
 from simulations.ab_report import (
     ReportError,
+    Unanswerable,
     build_report,
     format_table,
     load_experiment,
@@ -229,10 +230,14 @@ def test_the_unit_is_inferred_from_the_traces_without_a_config() -> None:
     recs = _clustered_records("control", 20, 10, rng) + _clustered_records("treat", 20, 10, rng)
     rep = build_report(recs, "exp")
     assert rep.unit == "user" and "inferred from the traces" in rep.unit_source
-    teams = [{**r, "team": r["arm"]} for r in recs]  # one team per arm: the coarsest pure field
-    assert build_report(teams, "exp").unit == "team"
-    header = build_report(recs, "exp", unit="header")
-    assert header.unit == "request" and "header" in header.unit_source
+    assert "traces from before the assignment unit was recorded" in rep.unit_note
+    # One team per arm, the coarsest pure field: if teams were the unit, no interval exists.
+    teams = [{**r, "team": r["arm"]} for r in recs]
+    with pytest.raises(Unanswerable, match="arm 'control' has 1 team .* fewer than 2 per arm"):
+        build_report(teams, "exp")
+    # Traces from before ab_unit hold no header values: refused, not resampled as requests.
+    with pytest.raises(Unanswerable, match="assigns by header, whose values traces from before"):
+        build_report(recs, "exp", unit="header")
 
 
 def test_per_request_assignment_is_unchanged() -> None:

@@ -91,10 +91,17 @@ def test_missing_completion_tokens_name_the_record(tmp_path: Path) -> None:
     assert load_trace([path], default_completion_tokens=7).completion_tokens[1, 0] == 7
 
 
-def test_unsorted_timestamps_name_the_record(tmp_path: Path) -> None:
+def test_unsorted_timestamps_are_put_in_time_order(tmp_path: Path) -> None:
+    # A proxy writes records as requests finish (issue 25, item 5): the loader sorts by arrival
+    # time, and each record keeps its file row in errors.
     path = _trace_with(tmp_path / "t.jsonl", 6, lambda r: r[4].update(time=r[1]["time"]))
-    with pytest.raises(TraceError, match=r"record 4 .*not sorted"):
-        load_trace([path]).require_times()
+    trace = load_trace([path])
+    assert (np.diff(trace.require_times()) >= 0).all()
+    assert trace.names is not None and "row 5" in str(trace.names[2])
+    # A trace put together out of order is still refused, naming the record.
+    backwards = trace.take(np.arange(len(trace))[::-1])
+    with pytest.raises(TraceError, match=r"record \d+ \(t row \d+\): timestamps are not sorted"):
+        backwards.require_times()
 
 
 def test_load_shedding_threshold_policy_is_tunable(gsm8k: tuple) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from backends.base import Backend, UpstreamClientError, UpstreamError
 from backends.config import Price
+from backends.usage import usage_cost
 from policies.budgets.estimate import worst_case
 from router.learning.config import LlmJudgeConfig
 from router.learning.judges.base import NO_LABEL, Case, Judgement
@@ -163,7 +164,7 @@ class LlmJudge:
                 )
                 self._start = i
             usage = answer.usage
-            cost = self.price.cost(usage.prompt_tokens, usage.completion_tokens)
+            cost = usage_cost(self.price, usage)
             return _content(answer.body), cost
         return None, 0.0
 

@@ -1,8 +1,9 @@
 """Finding 4 of issue 12: budgets and keys on a real Redis Cluster (3 masters, 3 replicas).
 
 The proxy runs as a subprocess (`cost-router serve`) with `budgets.store: redis-cluster`; teams
-are picked so their slots live on different masters. The failover test starts its own cluster,
-SIGKILLs the master of one team's slot and waits for its replica to take over."""
+are picked so their slots live on different masters. The failover tests start their own cluster,
+SIGKILL the master of one team's slot and wait for its replica to take over (issue 24: one of
+them drives the store in a burst, through benchmarks/cluster_failover.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import yaml
 from redis.cluster import key_slot
 from typer.testing import CliRunner
 
+from benchmarks import cluster_failover as failover_bench
 from benchmarks.echo_upstream import running_echo_upstream
 from policies.budgets.factory import build_stores
 from policies.budgets.money import usd_to_nanos
@@ -202,6 +204,39 @@ def test_a_master_failover_is_not_ready_then_the_team_on_it_works_again(
                 r = chat(proxy.url, key_of(team))
                 assert r.status_code == 200, r.text
             assert "Traceback" not in proxy.log()
+
+
+@pytest.mark.parametrize("wait_replicas", [0, 1])
+def test_a_master_killed_mid_burst_gives_no_error_leaves_no_hold_and_spares_the_other_masters(
+    wait_replicas: int,
+) -> None:
+    """Issue 24, finding 1: with a master SIGKILLed in a burst of reserve -> settle traffic
+    (benchmarks/cluster_failover.py, one short run on uvloop, as `serve` runs), before the fix
+    redis-py's cluster client raised `RuntimeError: unable to perform operation on <TCPTransport
+    closed=True ...>` to teams on masters that stayed up (their reserve: a 500; their settle:
+    lost, and its hold renewed for as long as the replica ran). Now no call raises anything but
+    a refusal, no hold is left a lease after the burst, the teams of the other masters are never
+    refused nor lose a charge, and with WAIT no settle a client was told of is lost."""
+    args = failover_bench.parse_args(
+        [
+            "--seconds=5",
+            "--kill-at=1.5",
+            "--concurrency=16",
+            "--lease-s=2",
+            "--sweep-interval-s=0.5",
+            "--redis-timeout-s=2",
+            "--full-coverage=no",  # docs/budgets.md: else Redis refuses every key for ~1 s
+        ]
+    )
+    out = failover_bench.run_fresh(wait_replicas, args)
+    summary = {k: out[k] for k in ("error_kinds", "untouched_why", "held_past_lease")}
+    assert out["errors_5xx"] == 0, summary
+    assert out["held_past_lease"] == 0 and out["renewed_set_left"] == 0, summary
+    assert out["untouched_affected"] == 0, summary
+    assert out["journal_left"] == 0 and out["spend_equals_ledger"], out
+    assert out["reserved"] > 0 and out["refused_unavailable_victim"] > 0, out  # it did fail over
+    if wait_replicas:
+        assert out["settles_lost"] == 0 and out["told_not_charged_usd"] == 0, out
 
 
 def test_wait_replicas_confirms_writes_on_the_cluster_and_refuses_unconfirmed_holds(

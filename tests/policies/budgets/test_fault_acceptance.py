@@ -5,6 +5,12 @@ turn), on one Redis and on a 3-master Redis Cluster. Afterwards the budget audit
 its worst case or below zero, no answer is a 500 or cut, no upstream internals (traceback, host,
 address, secret) reach a client, and a stream the upstream never finished ends with an error event.
 
+The upstream keeps a prompt cache (exact, per model) and the tiers price cached input at 10% and
+cache writes at 125% of input (issue 23), so the normal answers that reused a prefix are charged
+the cached price, and each cached-token fault (more cached tokens than the prompt, a negative
+count, details that are a string or a list) would be a credit if it were trusted: each must be a
+fault, charged the router's own count at the fresh input price.
+
 `pytest -s` prints the figures: per team the audit line, per fault the statuses seen and what its
 requests were charged.
 """
@@ -27,6 +33,7 @@ from redis.cluster import key_slot
 
 from backends.config import Price
 from benchmarks.fault_upstream import (
+    CACHE_FAULTS,
     FAULTS,
     INTERNAL_HOST,
     INTERNAL_IP,
@@ -44,8 +51,20 @@ from tests.support.budgets import REDIS_URL, delete_prefix, proxies, random_pref
 from tests.support.redis_cluster import RunningCluster
 
 TEAMS = ["t0", "t1", "t2", "t3"]
-LARGE = Price(input_per_mtok=100, output_per_mtok=1000)
-SMALL = Price(input_per_mtok=10, output_per_mtok=100)
+LARGE = Price(
+    input_per_mtok=100, output_per_mtok=1000, cached_input_per_mtok=10, cache_write_per_mtok=125
+)
+SMALL = Price(
+    input_per_mtok=10, output_per_mtok=100, cached_input_per_mtok=1, cache_write_per_mtok=12.5
+)
+PRICES = {"small": SMALL, "large": LARGE}
+# What each cached-token fault is counted as (cost_router_upstream_usage_faults_total's reason).
+CACHE_FAULT_REASONS = {
+    "cached_over_prompt": "cached_over_prompt",
+    "negative_cached": "negative",
+    "details_string": "malformed",
+    "details_list": "malformed",
+}
 MAX_TOKENS = 8  # the fault upstream answers 8 completion tokens when it answers normally
 ACTUAL_LARGE_NANOS = 5 * 100 * 1000 + MAX_TOKENS * 1000 * 1000  # a 5-word prompt, large tier
 LIMIT_NANOS = 50 * ACTUAL_LARGE_NANOS  # each team's budget fits about 50 of its 100 requests
@@ -101,7 +120,7 @@ def served_faults(upstream: str) -> Counter[str]:
 def worst_nanos(b: dict[str, Any]) -> int:
     """The request's worst case on the large tier: what a settle may charge it at most."""
     return round(
-        prompt_token_bound(b) * LARGE.input_per_mtok * 1000
+        prompt_token_bound(b) * LARGE.worst_input_per_mtok * 1000
         + MAX_TOKENS * LARGE.output_per_mtok * 1000
     )
 
@@ -191,7 +210,8 @@ def write_config(path: Path, upstream: str, store: dict[str, Any], trace: Path) 
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
-    with running_fault_upstream("--hang-s", str(4 * TIER_TIMEOUT_S)) as url:
+    # An exact prompt cache: a team's questions share 4 of their 5 words.
+    with running_fault_upstream("--hang-s", str(4 * TIER_TIMEOUT_S), "--cache-block", "1") as url:
         yield url
 
 
@@ -257,6 +277,48 @@ def per_fault_report(outcomes: list[Outcome], audit: Audit) -> dict[str, dict[st
         if o.job.fault in TRUNCATED and looks_complete(o):
             r["looks_complete"] += 1
     return dict(report)
+
+
+def cache_pricing_problems(outcomes: list[Outcome], audit: Audit, traces: list[Path]) -> list[str]:
+    """Every charge is its trace's usage at its tier's price with its cached and written tokens
+    (the cached price for what the upstream reused), and each cached-token fault is a fault
+    charged as fresh input. Returns the problems and asserts the run was not hollow."""
+    # The raw lines: `usage_fault` is written beside the schema's fields, not one of them.
+    records = {
+        r["id"]: r
+        for path in traces
+        if path.exists()
+        for line in path.read_bytes().splitlines()
+        if line.strip()
+        for r in [orjson.loads(line)]
+    }
+    problems, cached_hits = [], 0
+    for o in outcomes:
+        record = records.get(o.request_id or "")
+        entry = audit.charges.get(o.request_id or "")
+        if record is None or entry is None or record.get("tier") is None:
+            continue  # refused or failed: nothing charged (the audit covers the money)
+        cached = record.get("cached_tokens") or 0
+        cached_hits += o.job.fault == "none" and cached > 0
+        expected = PRICES[record["tier"]].cost_nanos(
+            record.get("prompt_tokens") or 0,
+            record.get("completion_tokens") or 0,
+            cached,
+            record.get("cache_write_tokens") or 0,
+        )
+        if entry.nanos != min(expected, worst_nanos(o.job.body())):
+            problems.append(
+                f"request {o.job.i} ({o.job.fault}): charged {entry.nanos}, its usage at "
+                f"its price is {expected}"
+            )
+        fault = record.get("usage_fault")
+        if o.job.fault in CACHE_FAULTS and (fault != CACHE_FAULT_REASONS[o.job.fault] or cached):
+            problems.append(
+                f"request {o.job.i} ({o.job.fault}): fault {fault!r}, "
+                f"{cached} cached tokens charged (want a fault, none cached)"
+            )
+    assert cached_hits > 0, "no normal answer reused a cached prefix: a hollow run"
+    return problems
 
 
 def test_400_concurrent_requests_with_20pct_upstream_faults_keep_the_audit_invariant(
@@ -338,6 +400,7 @@ def test_400_concurrent_requests_with_20pct_upstream_faults_keep_the_audit_invar
         for o in outcomes
         if "budget_unavailable" in o.label()
     ]  # the store failed
+    problems += cache_pricing_problems(outcomes, audit, traces)
     ok = Counter(o.job.team for o in outcomes if o.status == 200 and o.job.fault == "none")
     assert all(ok[t] > 0 for t in TEAMS), ok  # the budget did admit work: not a hollow run
     assert all(served[f] > 0 for f in FAULTS), served  # every fault did reach the proxy

@@ -22,6 +22,7 @@ from policies.config import BudgetLimit
 from policies.keys import KeyRing, RedisKeyStore, hash_key
 from router.config import load_config
 from tests.support.budgets import REDIS_URL, delete_prefix, proxies, random_prefix
+from tests.support.ports import free_port
 
 KEY = "sk-test-alpha"
 OTHER = "sk-test-beta"
@@ -31,6 +32,7 @@ OTHER = "sk-test-beta"
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("budget-proxy")
     prefix = random_prefix()
+    metrics_port = free_port()
     with running_echo_upstream() as upstream:
         cfg = {
             "tiers": [
@@ -66,6 +68,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
                 {"key_sha256": hash_key(OTHER), "team": "beta"},
             ],
             "auth": {"required": True},
+            # With keys required, /metrics is not on the API port (docs/monitoring.md).
+            "monitoring": {"metrics_listen": f"127.0.0.1:{metrics_port}"},
             "budgets": {
                 "store": "redis",
                 "redis_url": REDIS_URL,
@@ -80,6 +84,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         with proxies([path], tmp) as (proxy,):
             yield {
                 "url": proxy.url,
+                "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
                 "config": path,
                 "traces": tmp / "traces.jsonl",
                 "prefix": prefix,
@@ -167,7 +172,7 @@ def test_budget_endpoint_shows_only_the_callers_team(deployment: dict[str, Any])
 
 def test_prometheus_gauges_per_team(deployment: dict[str, Any]) -> None:
     chat(deployment["url"], OTHER)
-    text = httpx.get(deployment["url"] + "/metrics").text
+    text = httpx.get(deployment["metrics_url"]).text
     assert 'cost_router_budget_remaining_usd{scope="team",team="beta"}' in text
     assert 'cost_router_budget_spent_usd{scope="team",team="alpha"}' in text
     assert 'cost_router_budget_limit_usd{scope="team",team="alpha"} 0.3' in text

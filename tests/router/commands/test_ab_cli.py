@@ -9,11 +9,18 @@ import re
 from pathlib import Path
 
 import numpy as np
+import orjson
+import yaml
+from openai import OpenAI
 from typer.testing import CliRunner
 
+from benchmarks.echo_upstream import running_echo_upstream
+from policies.keys import hash_key
 from router.cli import app
+from router.config import load_config
 from simulations.ab_report import load_experiment
 from tests.simulations.test_ab_report import _clustered_records, _records, _write
+from tests.support.proxy import ProxyThread, tier
 
 
 def test_cli_report_png_html(tmp_path: Path) -> None:
@@ -60,7 +67,6 @@ def test_cli_report_png_html(tmp_path: Path) -> None:
 
 def test_cli_assign_matches_experiment(tmp_path: Path) -> None:
     from policies.experiments import Experiment
-    from router.config import load_config
 
     config_file = tmp_path / "r.yaml"
     config_file.write_text(
@@ -122,3 +128,75 @@ def test_cli_report_resamples_the_configs_unit(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "assignment unit user (the experiment's unit in the config)" in r.output
     assert "traffic split (users per arm)" in r.output and "cluster bootstrap" in r.output
+
+
+def test_cli_report_resamples_the_body_user_the_proxy_assigned_by(tmp_path: Path) -> None:
+    """Issue 25, item 1: arms assigned by the request body's `user` while one API key (user
+    'ann') sent everything. The proxy's own traces record the assignment unit, so the report
+    resamples the 40 body users, not `users 1 | 1` with zero-width intervals; traces without
+    that record are refused with the reason."""
+    traces = tmp_path / "traces"
+    config_file = tmp_path / "router.yaml"
+    with running_echo_upstream() as small, running_echo_upstream() as large:
+        doc = {
+            "tiers": [tier("small", small, price=(0.6, 0.6)), tier("large", large, price=(10, 30))],
+            "traces": {"path": str(traces / "requests.jsonl")},
+            "signals": {"enabled": False},
+            "keys": [{"key_sha256": hash_key("sk-ann"), "team": "alpha", "user": "ann"}],
+            "default_policy": "a",
+            "policies": {
+                "a": {"type": "fixed", "tier": "small"},
+                "b": {"type": "fixed", "tier": "large"},
+            },
+            "experiments": [
+                {
+                    "name": "routing-ab",
+                    "unit": "user",
+                    "arms": {
+                        "control": {"policy": "a", "weight": 1},
+                        "treat": {"policy": "b", "weight": 1},
+                    },
+                }
+            ],
+        }
+        config_file.write_text(yaml.safe_dump(doc))
+        with ProxyThread(load_config(config_file, environ={})) as proxy:
+            client = OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-ann", max_retries=0)
+            for i in range(120):
+                client.chat.completions.create(
+                    model="auto",
+                    user=f"u{i % 40}",
+                    messages=[{"role": "user", "content": f"question {i} " * (1 + i % 7)}],
+                )
+            records = proxy.traces(120)
+    assert {r["user"] for r in records} == {"ann"}  # the key's user, as before
+    assert {r["ab_unit"] for r in records} == {"user"}
+    ids = {r["ab_unit_id"] for r in records}
+    assert len(ids) == 40 and all(i.startswith("h:") for i in ids)  # hashed, never `u7`
+    runner = CliRunner()
+    args = ["ab", "report", "--traces", str(traces), "--experiment", "routing-ab"]
+    r = runner.invoke(app, [*args, "--config", str(config_file)])
+    assert r.exit_code == 0, r.output
+    assert "assignment unit user (recorded in the traces (ab_unit))" in r.output
+    users = next(line for line in r.output.splitlines() if line.startswith("users")).split()
+    assert (
+        users[0] == "users"
+        and int(users[1]) + int(users[2]) == 40
+        and min(map(int, users[1:])) >= 2
+    )
+    assert "40 users, cluster bootstrap" in r.output
+    assert "[0.0, 100.0]" not in r.output
+    # Every control request is small and every treat request large: that share has no variance
+    # in either arm, so its difference gets no interval and no p-value, not `p <0.0001*`.
+    share = next(line for line in r.output.splitlines() if line.startswith("large_share "))
+    assert "not computed: no variance" in share and "<0.0001" not in share
+
+    # The same traces as written before the unit was recorded: refused, saying why.
+    path = traces / "requests.jsonl"
+    legacy = [{k: v for k, v in rec.items() if not k.startswith("ab_")} for rec in records]
+    path.write_bytes(b"".join(orjson.dumps(rec) + b"\n" for rec in legacy))
+    r = runner.invoke(app, [*args, "--config", str(config_file)])
+    assert r.exit_code == 1, r.output
+    assert "user 'ann' has requests in 2 arms (control, treat)" in r.stderr
+    assert "the API key's user" in r.stderr
+    assert "users" not in r.stdout  # no table printed in place of the refusal

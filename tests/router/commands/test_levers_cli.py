@@ -216,7 +216,9 @@ def test_a_judge_that_answers_garbage_is_counted_unparsed_and_fails_the_gate(
     same = [j for j in judged if j["candidate"] == "same"]
     assert [(j["status"], j["verdict"]) for j in same] == [("label", "identical answers")] * 4
     assert asked == 8
-    assert "gate PASS same" in res.output
+    # Four identical answers are ties: too little evidence to pass (issue 25, item 2).
+    assert "gate FAIL same: quality delta +0.000, lower bound -0." in res.output
+    assert "0 of 4 judged pairs are not ties" in res.output
 
 
 def test_the_gate_passes_and_fails_on_latency(echoes: dict[str, str], tmp_path: Path) -> None:
@@ -224,18 +226,9 @@ def test_the_gate_passes_and_fails_on_latency(echoes: dict[str, str], tmp_path: 
         tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
     )
     out = tmp_path / "trial"
-    ok = _trial(
-        config_file,
-        out,
-        "--candidate",
-        "cand",
-        "--max-quality-loss",
-        "0.02",
-        "--max-p95-latency-s",
-        "30",
-    )
+    ok = _trial(config_file, out, "--candidate", "cand", "--max-p95-latency-s", "30")
     assert ok.exit_code == 0, ok.output
-    assert "gate PASS cand: quality delta +0.000" in ok.output
+    assert "gate PASS cand: p95 latency" in ok.output
     summary = json.loads((out / "summary.json").read_text())
     assert [r["name"] for r in summary["rows"]] == ["ref", "cand"]
     assert summary["rows"][1]["quality"]["delta"]["value"] == 0.0
@@ -440,3 +433,29 @@ def test_failed_requests_are_counted_kept_and_retried(
     assert _trial(config_file, out, "--candidate", "cand").exit_code == 0
     rows = _lines(out / "requests.jsonl")
     assert len(rows) == 12 and all(r["error"] is None for r in rows[-4:])
+
+
+def test_eight_tied_pairs_do_not_pass_the_quality_gate(
+    echoes: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 25, item 2: `gate PASS ... lower bound +0.000 ... (8 judged pairs)` on ties only.
+    The echo answers hold no number, so every GSM8K pair is a 0/0 tie."""
+    config_file = _config(
+        tmp_path, [_tier("ref", echoes["ref"], 10.0), _tier("cand", echoes["cand"], 1.0)]
+    )
+    out = tmp_path / "trial"
+    args = ["--candidate", "cand:quantization", "--n", "8", "--max-quality-loss", "0.02"]
+    res = _trial(config_file, out, *args)
+    assert res.exit_code == 1, res.output
+    gate = next(line for line in res.output.splitlines() if line.startswith("gate "))
+    assert gate.startswith("gate FAIL cand: quality delta +0.000, lower bound -0.3"), gate
+    assert "(8 judged pairs, 0 not ties)" in gate
+    assert "too little evidence: 0 of 8 judged pairs are not ties, at least 10 needed" in gate
+    # Without the minimum, the interval alone still fails: 8 ties cannot rule out a 2-point loss.
+    res = _trial(config_file, out, *args, "--min-informative-pairs", "0")
+    assert res.exit_code == 1, res.output
+    assert "gate FAIL cand: quality delta +0.000, lower bound -0.3" in res.output
+    assert "too little evidence" not in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    delta = summary["rows"][1]["quality"]["delta"]
+    assert delta["low"] < -0.3 and delta["high"] > 0.3  # not the zero-width [0, 0]

@@ -77,7 +77,17 @@ def test_quantized_candidate_measured_and_gated_on_llama_cpp(tmp_path: Path) -> 
     with ServerGroup(plan_tiers(load_config(config_file).tiers), tmp_path / "logs") as servers:
         servers.wait_ready()
         res = CliRunner().invoke(
-            app, [*args, "--max-quality-loss", "1", "--max-p95-latency-s", "120"]
+            # 2 pairs: no minimum of informative pairs, a tolerance of the whole scale.
+            app,
+            [
+                *args,
+                "--max-quality-loss",
+                "1",
+                "--min-informative-pairs",
+                "0",
+                "--max-p95-latency-s",
+                "120",
+            ],
         )
         assert res.exit_code == 0, res.output
         strict = CliRunner().invoke(app, [*args, "--max-p95-latency-s", "0.001"])

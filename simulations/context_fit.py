@@ -65,3 +65,19 @@ def fit_records(
     refused = result < 0
     out[~refused] = result[~refused]
     return Fitted(out, out != tier_idx, refused)
+
+
+def moved_off_outcomes(
+    names: Sequence[str], role: np.ndarray, fitted: Fitted
+) -> tuple[int, str] | None:
+    """The first record the window moved to a tier the trace has no outcomes for (role < 0),
+    and what to say of it; None when every move landed on a tier with outcomes. The caller
+    names the record (in memory: its trace row; streamed: its position)."""
+    bad = fitted.moved & (role[fitted.tier_idx] < 0)
+    if not bad.any():
+        return None
+    i = int(np.flatnonzero(bad)[0])
+    return i, (
+        f"its context window moved it to tier {names[fitted.tier_idx[i]]!r}, but the trace "
+        "has outcomes only for the cheapest and the priciest tier"
+    )

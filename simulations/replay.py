@@ -18,7 +18,13 @@ from classifiers.inference import DifficultyScorer
 from policies.base import BatchContext, Policy, Tunable
 from policies.calibration import CalibratingPolicy, replay_decisions
 from policies.registry import build_policies, tiers_by_price
-from simulations.context_fit import Fitted, fit_records, has_windows, record_tokens
+from simulations.context_fit import (
+    Fitted,
+    fit_records,
+    has_windows,
+    moved_off_outcomes,
+    record_tokens,
+)
 from simulations.sim_config import SimConfig
 from simulations.sweep import SweepInputs
 from simulations.trace import LARGE, SMALL, RecordedCache, ReplayTrace, TraceError
@@ -295,15 +301,8 @@ def context_fit(
     tokens = record_tokens(trace.prompt_tokens, trace.completion_tokens)
     candidates = {t: sim.prices[t] for t in policy.tiers()}
     fitted = fit_records(prices.names, tier_idx, tokens, sim.context_windows, candidates)
-    role = prices.role[fitted.tier_idx]
-    bad = fitted.moved & (role < 0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ReplayError(
-            f"{trace.record(i)}: its context window moved it to tier "
-            f"{prices.names[fitted.tier_idx[i]]!r}, but the trace has outcomes only for the "
-            "cheapest and the priciest tier"
-        )
+    if (off := moved_off_outcomes(prices.names, prices.role, fitted)) is not None:
+        raise ReplayError(f"{trace.record(off[0])}: {off[1]}")
     return fitted
 
 

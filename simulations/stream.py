@@ -15,7 +15,7 @@ import numpy as np
 
 from backends.config import Price
 from policies.base import Policy
-from simulations.context_fit import fit_records, has_windows, record_tokens
+from simulations.context_fit import fit_records, has_windows, moved_off_outcomes, record_tokens
 from simulations.parquet_io import TraceBatch, iter_batches
 from simulations.replay import (
     ReplayError,
@@ -133,15 +133,9 @@ def _add_batch(
     if windows is not None:
         tokens = record_tokens(b.prompt_tokens, b.completion_tokens)
         fitted = fit_records(prices.names, tier_idx, tokens, windows.windows, windows.candidates)
+        if (off := moved_off_outcomes(prices.names, prices.role, fitted)) is not None:
+            raise ReplayError(f"record {b.start + off[0]}: {off[1]}")
         landed = prices.role[fitted.tier_idx]
-        bad = fitted.moved & (landed < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ReplayError(
-                f"record {b.start + i}: its context window moved it to tier "
-                f"{prices.names[fitted.tier_idx[i]]!r}, but the trace has outcomes only for the "
-                "cheapest and the priciest tier"
-            )
         tier_idx, served = fitted.tier_idx, ~fitted.refused
         cost = np.where(served, prices.cost(tier_idx, b.prompt_tokens, b.completion_tokens), 0.0)
         quality = np.where(served, b.quality[rows, np.maximum(landed, 0)], 0.0)

@@ -16,7 +16,7 @@ optional ``verdict`` (the judge's own words: ``A``, ``B``, ``tie``, a grade) and
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import orjson
@@ -48,6 +48,20 @@ class LabelRecord(BaseModel):
 def labels_path_for(trace_path: str | Path) -> Path:
     """Where labels for the traces at `trace_path` are kept."""
     return Path(trace_path).parent / LABELS_FILE
+
+
+def append_labels(path: Path, records: Iterable[LabelRecord]) -> None:
+    """Append label lines; a half-written last line (a writer that died mid-line) must not
+    swallow the first new label, so they start on a line of their own."""
+    data = b"".join(r.line() for r in records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab+") as fh:
+        fh.seek(0, 2)
+        torn = False
+        if fh.tell():
+            fh.seek(-1, 2)
+            torn = fh.read(1) != b"\n"
+        fh.write((b"\n" if torn else b"") + data)
 
 
 def iter_labels(path: str | Path) -> Iterator[LabelRecord]:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trace_format.jsonl import jsonl_lines
-from trace_format.labels import LabelRecord, labels_path_for
+from trace_format.labels import LabelRecord, append_labels, labels_path_for
 from trace_format.reader import TraceFormatError, data_files, is_trace_file, iter_lines
 
 IMPORT_JUDGE = "import"
@@ -124,19 +124,6 @@ def _requests(traces: Path, wanted: set[str]) -> tuple[dict[str, _Served], set[s
     return found, tiers
 
 
-def _append(path: Path, records: Iterable[LabelRecord]) -> None:
-    data = b"".join(r.line() for r in records)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("ab+") as fh:
-        # Judges append here too: a half-written last line must not swallow our first label.
-        fh.seek(0, 2)
-        torn = False
-        if fh.tell():
-            fh.seek(-1, 2)
-            torn = fh.read(1) != b"\n"
-        fh.write((b"\n" if torn else b"") + data)
-
-
 def import_grades(
     grades_path: str | Path, traces: str | Path, tiers: Collection[str] | None = None
 ) -> ImportResult:
@@ -196,7 +183,7 @@ def import_grades(
     files = []
     for folder, records in by_folder.items():
         path = labels_path_for(folder / "requests.jsonl")
-        _append(path, records)
+        append_labels(path, records)
         files.append(path)
     return ImportResult(
         grades=len(grades),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from router.learning.judges.base import NO_LABEL, Case, Judgement
 from trace_format.feedback import feedback_path_for, load_feedback
-from trace_format.labels import LabelRecord, iter_labels, labels_path_for
+from trace_format.labels import LabelRecord, append_labels, iter_labels, labels_path_for
 from trace_format.reader import iter_records, trace_files
 
 
@@ -69,14 +69,5 @@ def append_feedback_labels(trace_path: str | Path) -> int:
         rec for rec in feedback_labels(trace_path) if current.get(rec.request_id) != rec.outcomes
     ]
     if new:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab+") as fh:
-            # A half-written last line (a writer that died mid-line) must not swallow the first
-            # new label: start on a line of our own.
-            fh.seek(0, 2)
-            torn = False
-            if fh.tell():
-                fh.seek(-1, 2)
-                torn = fh.read(1) != b"\n"
-            fh.write((b"\n" if torn else b"") + b"".join(rec.line() for rec in new))
+        append_labels(path, new)
     return len(new)

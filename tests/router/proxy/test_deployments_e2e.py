@@ -293,13 +293,14 @@ def test_two_llama_servers_one_killed_mid_test(tmp_path: Path) -> None:
             assert before == {"one": 2, "two": 2}  # idle deployments take turns
             stop_process(proc2)
             after = [served_by(client) for _ in range(3)]
-            # Greedy, so the answer is the same on every run: CI once saw a stream of only empty
-            # deltas at llama.cpp's default temperature, which says nothing about the deployment,
-            # and once 4 greedy tokens with no content on a loaded machine: 16 leave room.
+            # The stream must arrive through the survivor, parse whole and carry choices. Its text
+            # is llama.cpp's: CI has seen streams of only empty deltas (greedy or not, loaded
+            # machine), which say nothing about the deployments, so the text is not asserted.
             stream = client.chat.completions.with_raw_response.create(
                 model="large", max_tokens=16, messages=MESSAGES, stream=True, temperature=0
             )
-            assert "".join(c.choices[0].delta.content or "" for c in stream.parse() if c.choices)
+            chunks = list(stream.parse())
+            assert any(c.choices for c in chunks)
             status = proxy.state.backends["large"].deployments.status()  # type: ignore[attr-defined]
     assert after == ["one"] * 3 and stream.headers["x-router-deployment"] == "one"
     assert not status["two"]["available"]

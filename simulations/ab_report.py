@@ -465,10 +465,25 @@ def _traffic(
     return out
 
 
+def _metric_units(d: _ArmData, attr: str) -> int:
+    """The arm's units with at least one value of the metric (a feedback score, a successful
+    request's latency): the units its cluster bootstrap actually resamples."""
+    of = {"large_share": d.tiered_unit, "cost_per_1k": d.cost_unit, "feedback": d.feedback_unit}
+    return int(np.unique(of.get(attr, d.latency_unit)).size)
+
+
+def few_units_note(unit: str, arm: str, count: int) -> str:
+    s = "" if count == 1 else "s"
+    return f"not computed: {count} {unit}{s} with a value in arm {arm!r}, fewer than 2"
+
+
 def _clustered(
-    data: dict[str, _ArmData], control: str, total: int, seed: int
+    data: dict[str, _ArmData], control: str, total: int, seed: int, unit: str = "unit"
 ) -> tuple[list[ArmStats], list[Comparison]]:
-    """Per-arm estimates and differences from a cluster bootstrap over assignment units."""
+    """Per-arm estimates and differences from a cluster bootstrap over assignment units. A
+    metric that fewer than 2 of an arm's units have a value of (feedback from one user) has no
+    spread between units to resample: its difference is not computed, rather than given the
+    other arm's spread alone."""
     reps = {
         a: _replicates(d, np.random.default_rng([seed, i])) for i, (a, d) in enumerate(data.items())
     }
@@ -490,6 +505,14 @@ def _clustered(
             if min(n1, n0) == 0:
                 comparisons.append(
                     Comparison(metric, a, control, NAN_EST, math.nan, "cluster bootstrap")
+                )
+                continue
+            few = [(arm, k) for arm in (control, a) if (k := _metric_units(data[arm], attr)) < 2]
+            if few:
+                value = Estimate(point(d) - point(c), math.nan, math.nan, n1 + n0)
+                note = few_units_note(unit, *few[0])
+                comparisons.append(
+                    Comparison(metric, a, control, value, math.nan, "cluster bootstrap", note)
                 )
                 continue
             dist = reps[a][attr] - reps[control][attr]
@@ -695,7 +718,9 @@ def build_report(
             if a != control:
                 report.comparisons += _compare(data[a], data[control], seed)
     else:
-        report.arms, report.comparisons = _clustered(data, control, len(records), seed)
+        report.arms, report.comparisons = _clustered(
+            data, control, len(records), seed, resolved.kind
+        )
     if weights:
         unknown = sorted(set(by_arm) - set(weights))
         if unknown:

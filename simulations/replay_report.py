@@ -159,12 +159,16 @@ def compare_text(summaries: list[dict[str, object]]) -> str:
 
 
 def write_decisions(path: Path, trace: ReplayTrace, result: ReplayResult) -> None:
-    """One JSON line per request: the simulator's decision, to diff against a proxy trace."""
+    """One JSON line per request: the simulator's decision, to diff against a proxy trace. Rows
+    are in arrival order, which is not the order of a proxy's files (it writes a request when it
+    finishes, each replica its own file), so each row names its request `id` to match by."""
+    units = trace.units()
     with path.open("wb") as out:
         for i in range(len(trace)):
             q = float(result.quality[i])
             row = {
                 "row": i,
+                "id": units[i],
                 "record": trace.record(i),
                 "score": float(result.scores[i]),
                 "tier": result.tiers[int(result.tier_idx[i])],

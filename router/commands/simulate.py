@@ -139,6 +139,25 @@ def _load(
     return sim, router_config, trace
 
 
+def _experiment_note(config: RouterConfig | None, sim: SimConfig, policy: str | None) -> str:
+    """A note when the config's experiments serve some requests with another policy than the
+    one replayed: the live proxy's cost (what `budget show` charged) then differs from the
+    replay's, and the note says why and how to replay an arm."""
+    replayed = policy or sim.default_policy
+    parts = []
+    for exp in config.experiments if config is not None else []:
+        arms = [f"{arm.policy} ({name})" for name, arm in sorted(exp.arms.items())]
+        if any(arm.policy != replayed for arm in exp.arms.values()):
+            who = f" to team(s) {', '.join(exp.teams)}" if exp.teams else ""
+            parts.append(f"experiment {exp.name!r} serves its arms{who} with {', '.join(arms)}")
+    if not parts:
+        return ""
+    return (
+        f"note: {'; '.join(parts)}; this replay routes every request with policy {replayed!r} "
+        "(--policy NAME replays another; `cost-router ab report` compares the arms as served)"
+    )
+
+
 def _measured(
     levers: Levers, sim: SimConfig, config: RouterConfig | None, source: str
 ) -> tuple[Levers, list[str]]:
@@ -308,9 +327,11 @@ def simulate_cmd(
             sim, _ = _configs(config)
             typer.echo(run_stream(sim, traces[0], policy, recorded_scores, batch_rows, json_out))
             return
-        sim, _, trace = _load(
+        sim, router_config, trace = _load(
             traces, completion_tokens, small_column, large_column, config, scores, recorded_scores
         )
+        if note := _experiment_note(router_config, sim, policy):
+            typer.echo(note, err=True)
         typer.echo(
             run_simulate(
                 sim,
@@ -409,6 +430,8 @@ def what_if_cmd(
         sim, router_config, trace = _load(
             traces, completion_tokens, small_column, large_column, config, None, recorded_scores
         )
+        if note := _experiment_note(router_config, sim, policy):
+            typer.echo(note, err=True)
         levers = replace(levers, spec_k=spec_k or sim.draft_length or DEFAULT_DRAFT_LENGTH)
         if signals is not None:
             levers, notes = _measured(levers, sim, router_config, signals)

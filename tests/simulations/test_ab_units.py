@@ -127,3 +127,24 @@ def test_assignment_names_its_unit_and_hashes_personal_values() -> None:
     by_team = ExperimentSet([config.model_copy(update={"unit": "team"})])
     team = by_team.assign(UnitContext(team="alpha"), now=0.0)
     assert team is not None and (team.unit, team.unit_id) == ("team", "alpha")
+
+
+def test_a_metric_that_one_unit_of_an_arm_carries_gets_no_difference_interval() -> None:
+    """Feedback from a single control user: the bootstrap has no spread between control users
+    to resample, so a difference interval would be the treatment arm's spread alone."""
+    recs = _body_user_records()
+    rater = next(r["ab_unit_id"] for r in recs if r["arm"] == "control")
+    for r in recs:
+        if r["arm"] == "control" and r["ab_unit_id"] != rater:
+            r.pop("feedback")
+    rep = build_report(recs, "exp", unit="user")
+    by_metric = {c.metric: c for c in rep.comparisons}
+    feedback = by_metric["feedback"]
+    assert math.isnan(feedback.diff.low) and math.isnan(feedback.p_value)
+    assert not math.isnan(feedback.diff.value)
+    assert feedback.note == "not computed: 1 user with a value in arm 'control', fewer than 2"
+    control = next(a for a in rep.arms if a.arm == "control")
+    assert math.isnan(control.feedback.low) and control.feedback.n == 5  # one user's 5 ratings
+    for metric in ("large_share", "cost_per_1k", "latency_p50_ms"):
+        assert by_metric[metric].diff.low < by_metric[metric].diff.high, metric
+    assert f"({feedback.note})" in format_table(rep)

@@ -147,8 +147,12 @@ class PrivateRedis:
 class Proxy:
     """`cost-router serve --config FILE --port 0` as a subprocess (SIGKILL-able)."""
 
-    def __init__(self, config_path: Path, log_dir: Path, name: str) -> None:
+    def __init__(
+        self, config_path: Path, log_dir: Path, name: str, env: dict[str, str] | None = None
+    ) -> None:
+        """env: variables set for this process only (a replica's `COST_ROUTER__TRACES__PATH`)."""
         self.config_path = config_path
+        self.env = env or {}
         self.out = log_dir / f"{name}.out"
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -170,6 +174,7 @@ class Proxy:
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

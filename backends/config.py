@@ -211,6 +211,11 @@ class BalancingConfig(StrictModel):
     )
 
 
+# The client APIs a tier's server may speak natively (`TierConfig.apis`): chat completions,
+# Anthropic Messages, OpenAI Responses.
+Api = Literal["chat", "messages", "responses"]
+
+
 class TierConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     kind: str = Field(default="openai", description="a backend kind of backends/registry.py")
@@ -246,8 +251,29 @@ class TierConfig(StrictModel):
         "policy that can (policies/context_window.py); unset: no limit is checked",
     )
     metrics_url: str | None = Field(default=None, description="Prometheus /metrics of the server")
+    apis: list[Api] = Field(
+        default_factory=lambda: ["chat"],
+        description="the APIs the tier's server speaks natively (chat completions always): a "
+        "request to POST /v1/messages (`messages`) or /v1/responses (`responses`) is passed "
+        "through as it is to a tier that lists its API, and translated to chat completions and "
+        "back for one that does not (docs/agents.md says which requests pass through); kind "
+        "openai only",
+    )
     replay_trace: str | None = Field(default=None, description="trace file for kind=replay")
     launch: LaunchConfig | None = None
+
+    def speaks(self, api: str) -> bool:
+        """The tier's server takes requests of `api` as they are (no translation)."""
+        return api in self.apis
+
+    @field_validator("apis")
+    @classmethod
+    def _apis(cls, value: list[Api]) -> list[Api]:
+        if "chat" not in value:
+            # Every routed request can be translated to chat completions; a tier that cannot
+            # take them would be a dead end for chat traffic and for every fallback to it.
+            raise ValueError("list chat too: every tier serves chat completions")
+        return list(dict.fromkeys(value))
 
     @field_validator("deployments")
     @classmethod

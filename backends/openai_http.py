@@ -38,7 +38,7 @@ from backends.deployments import Deployment, DeploymentsBusy, DeploymentSet, dep
 from backends.json_limits import MAX_JSON_DEPTH, deeper_than
 from backends.normalize import invalid_request, normalizer, server_kind
 from backends.signal_deployments import DeploymentProber
-from backends.usage import answer_usage, read_usage
+from backends.usage import answer_usage, read_answer_usage, read_usage
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,11 @@ def _error_body(resp: httpx.Response, raw: bytes) -> dict[str, Any]:
     return {"error": {"message": text or resp.reason_phrase, "type": "upstream_error"}}
 
 
-ENDPOINTS = ("chat/completions", "completions")
+ENDPOINTS = ("chat/completions", "completions", "messages", "responses")
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API version the router speaks
+# Client APIs passed through as they are (`apis:`): the engine rewrites (backends/normalize.py)
+# are for chat and completions bodies.
+CLIENT_API_ENDPOINTS = frozenset({"messages", "responses"})
 # An upstream answering these refused our credentials, not the request: the tier may fall back.
 CREDENTIAL_STATUSES = frozenset({401, 403, 407})
 
@@ -128,6 +132,13 @@ class _Server:
         )
         timeout = httpx.Timeout(tier.timeout_s, connect=tier.connect_timeout_s, pool=tier.timeout_s)
         self.headers = httpx.Headers(headers)
+        # A tier that speaks Anthropic Messages (`apis: [messages]`) is sent them as they are:
+        # Anthropic's own server wants its version header and the key as x-api-key (vLLM and
+        # llama.cpp take the bearer key and ignore both).
+        messages = {**headers, "anthropic-version": ANTHROPIC_VERSION}
+        if api_key:
+            messages["x-api-key"] = api_key
+        self.endpoint_headers = {"messages": httpx.Headers(messages)}
         self.urls = {e: httpx.URL(f"{self.base_url}/{e}") for e in ENDPOINTS}
         self.extensions = {"timeout": timeout.as_dict()}
         # aiohttp under the httpx API: about half the CPU per request of httpx's own
@@ -153,7 +164,7 @@ class _Server:
         return httpx.Request(
             "POST",
             url,
-            headers=self.headers,
+            headers=self.endpoint_headers.get(endpoint, self.headers),
             content=orjson.dumps(body),
             extensions=self.extensions,
         )
@@ -228,7 +239,7 @@ class OpenAIHTTPBackend:
             self._prober.start()
 
     async def complete(self, endpoint: str, body: dict[str, Any]) -> UpstreamResponse:
-        if self._normalize is not None:
+        if self._normalize is not None and endpoint not in CLIENT_API_ENDPOINTS:
             body = self._normalize(body)
         if self.deployments is None:
             return await self._complete_on(self._server, endpoint, body, self.retries)
@@ -290,9 +301,10 @@ class OpenAIHTTPBackend:
                 resp.status_code,
                 public="answered with invalid JSON",
             )
-        usage = usage_from(answer)
-        if usage is None:  # our own count of a large answer takes long: off the event loop
-            usage = await asyncio.to_thread(answer_usage, body, answer)
+        usage = read_answer_usage(endpoint, answer)  # in the shape of the API it was sent
+        if usage is None or usage.fault is not None:
+            # Our own count of a large answer takes long: off the event loop.
+            usage = await asyncio.to_thread(answer_usage, body, answer, endpoint)
         return UpstreamResponse(answer, usage)
 
     def _check_status(self, resp: httpx.Response, raw: bytes) -> None:
@@ -318,7 +330,7 @@ class OpenAIHTTPBackend:
         back; closing this iterator (client gone) closes the upstream connection. With several
         deployments, the iterator names the one that answered (`deployment`) once its first
         bytes came."""
-        if self._normalize is not None:
+        if self._normalize is not None and endpoint not in CLIENT_API_ENDPOINTS:
             body = self._normalize(body)
         if self.deployments is None:
             return self._stream_on(self._server, endpoint, body, self.retries, None)

@@ -23,6 +23,8 @@ class BackendKind:
     required_keys: tuple[str, ...] = ()  # TierConfig keys this kind needs set
     # (key, other): a required key that `other` may stand in for (base_url or deployments)
     alternatives: tuple[tuple[str, str], ...] = ()
+    # Client APIs it can pass through as they are (`TierConfig.apis`); chat completions always.
+    native_apis: tuple[str, ...] = ("chat",)
 
     def load(self) -> BackendClass:
         backend_class: BackendClass = getattr(importlib.import_module(self.module), self.cls)
@@ -35,6 +37,7 @@ BACKENDS: dict[str, BackendKind] = {
         "OpenAIHTTPBackend",
         ("base_url",),
         alternatives=(("base_url", "deployments"),),
+        native_apis=("chat", "messages", "responses"),
     ),
     "litellm": BackendKind("backends.litellm_backend", "LiteLLMBackend"),
     "replay": BackendKind("backends.recorded", "RecordedBackend", ("replay_trace",)),
@@ -53,6 +56,11 @@ def tier_problems(tier: TierConfig) -> list[tuple[str, str]]:
         if not getattr(tier, key) and not (other and getattr(tier, other)):
             either = f" (or {other})" if other else ""
             problems.append((key, f"{key}{either} is required for kind {tier.kind!r}"))
+    cannot = [api for api in tier.apis if api not in kind.native_apis]
+    if cannot:
+        problems.append(
+            ("apis", f"kind {tier.kind!r} cannot pass {cannot} through (it speaks chat only)")
+        )
     if tier.deployments and "deployments" not in others.values():
         problems.append(("deployments", f"kind {tier.kind!r} takes one server, not deployments"))
     return problems

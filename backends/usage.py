@@ -14,6 +14,12 @@ from typing import Any
 from backends.base import Usage
 from backends.config import Price
 from backends.tokens import count_prompt_tokens, count_tokens
+from trace_format.request_text import (
+    messages_answer_text,
+    messages_as_chat,
+    responses_answer_text,
+    responses_as_chat,
+)
 
 MALFORMED = "malformed"  # missing, not an integer; a details field that is not an object
 NEGATIVE = "negative"
@@ -133,12 +139,36 @@ def counted_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
     return Usage(count_prompt_tokens(request), count_tokens("".join(texts)), reported=False)
 
 
-def answer_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
+def counted_messages_usage(request: dict[str, Any], answer: dict[str, Any]) -> Usage:
+    """`counted_usage` of a Messages request and answer (its text and tool_use blocks)."""
+    return Usage(
+        count_prompt_tokens(messages_as_chat(request)),
+        count_tokens(messages_answer_text(answer)),
+        reported=False,
+    )
+
+
+def counted_answer_usage(endpoint: str, request: dict[str, Any], answer: dict[str, Any]) -> Usage:
+    """Our own count of a request and answer of `endpoint`, in that API's shape."""
+    if endpoint == "messages":
+        return counted_messages_usage(request, answer)
+    if endpoint == "responses":
+        return Usage(
+            count_prompt_tokens(responses_as_chat(request)),
+            count_tokens(responses_answer_text(answer)),
+            reported=False,
+        )
+    return counted_usage(request, answer)
+
+
+def answer_usage(
+    request: dict[str, Any], answer: dict[str, Any], endpoint: str = "chat/completions"
+) -> Usage:
     """The reported usage, else our own count; a broken report is counted and keeps its fault."""
-    usage = read_usage(answer.get("usage"), answer.get("timings"))
+    usage = read_answer_usage(endpoint, answer)
     if usage is not None and usage.fault is None:
         return usage
-    counted = counted_usage(request, answer)
+    counted = counted_answer_usage(endpoint, request, answer)
     counted.fault = usage.fault if usage is not None else None
     return counted
 
@@ -169,3 +199,83 @@ def usage_json(usage: Usage, **extra: Any) -> dict[str, Any]:
     if not usage.reported:
         out[ESTIMATED_FIELD] = True
     return out
+
+
+# Anthropic Messages (`POST /v1/messages`, passed through to a tier that speaks it): the prompt
+# is split in three, `input_tokens` (fresh), `cache_read_input_tokens` and
+# `cache_creation_input_tokens`, so the prompt's total is their sum (unlike OpenAI's, where
+# prompt_tokens already holds the cached tokens).
+MESSAGES_PROMPT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def read_messages_usage(usage: Any) -> Usage | None:
+    """The `usage` object of a Messages answer or stream event, as `read_usage` does for chat:
+    None when absent, a reported Usage (prompt = fresh + cache read + cache write), or
+    Usage(fault=...) when a count is not one. A stream's `message_delta` may omit the prompt
+    counts (they came with `message_start`): only `output_tokens` is required."""
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        return Usage(fault=MALFORMED)
+    completion = _count(usage.get("output_tokens"))
+    fresh = _optional(usage.get("input_tokens"))
+    cached = _optional(usage.get(TOP_CACHED))
+    written = _optional(usage.get(TOP_CACHE_WRITE))
+    for value in (completion, fresh, cached, written):
+        if isinstance(value, str):
+            return Usage(fault=value)
+    assert isinstance(completion, int) and isinstance(fresh, int)
+    assert isinstance(cached, int) and isinstance(written, int)
+    return Usage(fresh + cached + written, completion, True, None, cached, written)
+
+
+def read_answer_usage(endpoint: str, answer: dict[str, Any]) -> Usage | None:
+    """The usage an answer of `endpoint` reports, in that API's shape (see read_usage)."""
+    if endpoint == "messages":
+        return read_messages_usage(answer.get("usage"))
+    if endpoint == "responses":
+        return read_responses_usage(answer.get("usage"))
+    return read_usage(answer.get("usage"), answer.get("timings"))
+
+
+def messages_usage_json(usage: Usage, **extra: Any) -> dict[str, Any]:
+    """`usage_json` in Anthropic's shape: what the client is charged for, the prompt split into
+    fresh input, cache reads and cache writes."""
+    out: dict[str, Any] = {
+        "input_tokens": max(
+            0, usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens
+        ),
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": usage.cache_write_tokens,
+    }
+    out.update(extra)
+    if not usage.reported:
+        out[ESTIMATED_FIELD] = True
+    return out
+
+
+# OpenAI Responses (`POST /v1/responses`, passed through to a tier that speaks it): OpenAI's
+# counts under other names, `input_tokens` (cached ones included, as prompt_tokens holds them)
+# and `output_tokens` (reasoning included); the cache reads in `input_tokens_details`.
+def read_responses_usage(usage: Any) -> Usage | None:
+    """The `usage` of a Response object, as `read_usage` reads chat's: None when absent, a
+    reported Usage, or Usage(fault=...) when a count (or a details object) is not one."""
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        return Usage(fault=MALFORMED)
+    prompt, completion = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+    input_details = _details(usage, "input_tokens_details")
+    output_details = _details(usage, "output_tokens_details")
+    if isinstance(input_details, str) or isinstance(output_details, str):
+        return Usage(fault=MALFORMED)
+    cached = _optional(input_details.get("cached_tokens"))
+    written = _optional(input_details.get("cache_write_tokens"))
+    reasoning = _optional(output_details.get("reasoning_tokens"))
+    for value in (prompt, completion, cached, written, reasoning):
+        if isinstance(value, str):
+            return Usage(fault=value)
+    assert isinstance(prompt, int) and isinstance(completion, int)
+    assert isinstance(cached, int) and isinstance(written, int) and isinstance(reasoning, int)
+    return Usage(prompt, completion, True, None, cached, written, reasoning)

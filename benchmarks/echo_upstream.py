@@ -165,6 +165,8 @@ class EchoApp:
             "chat/completions",
             "completions",
             "embeddings",
+            "messages",  # Anthropic Messages, not streamed (a tier with `apis: [messages]`)
+            "responses",  # OpenAI Responses, not streamed (a tier with `apis: [responses]`)
         ):
             await _send_json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
             return
@@ -199,7 +201,21 @@ class EchoApp:
             else:
                 await _send_json(send, 200, _tool_answer(b.model, call, usage))
             return
-        if body.get("stream"):
+        if body.get("stream") and endpoint == "messages":
+            usage = usage_for(endpoint, _usage(prompt_tokens, b.chunks, cached))
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await send({"type": "http.response.body", "body": b"".join(messages_events(b, usage))})
+            return
+        if body.get("stream") and endpoint == "responses":
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            usage = usage_for(endpoint, _usage(prompt_tokens, b.chunks, cached))
+            for event in _responses_events(b.model, b.chunks, usage):
+                if b.chunk_delay_ms:
+                    await asyncio.sleep(b.chunk_delay_ms / 1000)
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if body.get("stream") and endpoint not in ("messages", "responses"):
             await self._stream(endpoint, body, b, prompt_tokens, cached, send, receive)
             return
         text = " ".join(["echo"] * b.chunks)
@@ -265,6 +281,73 @@ def _embeddings(body: dict[str, Any], model: str) -> dict[str, Any]:
     }
 
 
+def usage_for(endpoint: str, usage: dict[str, Any]) -> dict[str, Any]:
+    """`_usage` (OpenAI's shape) in the shape of `endpoint`'s answers: Anthropic's for messages,
+    the prompt split into fresh input and cache reads. Values that are no counts (the fault
+    upstream's) are carried over as they are."""
+    if endpoint == "responses":  # OpenAI's counts under the Responses names
+        return {
+            "input_tokens": usage.get("prompt_tokens"),
+            "input_tokens_details": usage.get("prompt_tokens_details", {"cached_tokens": 0}),
+            "output_tokens": usage.get("completion_tokens"),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.get("total_tokens"),
+        }
+    if endpoint != "messages":
+        return usage
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens", 0) if isinstance(details, dict) else details
+    prompt = usage.get("prompt_tokens")
+    fresh = prompt - cached if isinstance(prompt, int) and isinstance(cached, int) else prompt
+    if isinstance(fresh, int) and isinstance(prompt, int) and prompt >= 0:
+        fresh = max(0, fresh)  # more cached than the prompt: all of the prompt read from cache
+    return {
+        "input_tokens": fresh,
+        "output_tokens": usage.get("completion_tokens"),
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def messages_events(b: EchoBehaviour, usage: dict[str, Any]) -> list[bytes]:
+    """An Anthropic Messages stream of `b.chunks` "echo" words: message_start (the prompt's
+    usage), one text block, message_delta (the final usage, Anthropic's cumulative counts) and
+    message_stop."""
+    start_usage = {k: v for k, v in usage.items() if k != "output_tokens"}
+    message = {
+        "id": "msg_echo-1",
+        "type": "message",
+        "role": "assistant",
+        "model": b.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**start_usage, "output_tokens": 1},
+    }
+    block = {"type": "text", "text": ""}
+    start = {"type": "content_block_start", "index": 0, "content_block": block}
+    events = [
+        _event("message_start", {"type": "message_start", "message": message}),
+        _event("content_block_start", start),
+    ]
+    for i in range(b.chunks):
+        delta = {"type": "text_delta", "text": "echo " if i < b.chunks - 1 else "echo"}
+        event = {"type": "content_block_delta", "index": 0, "delta": delta}
+        events.append(_event("content_block_delta", event))
+    events.append(_event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    end = {"stop_reason": "end_turn", "stop_sequence": None}
+    delta_usage = {"output_tokens": usage.get("output_tokens")}
+    events.append(
+        _event("message_delta", {"type": "message_delta", "delta": end, "usage": delta_usage})
+    )
+    events.append(_event("message_stop", {"type": "message_stop"}))
+    return events
+
+
 def _full_answer(
     endpoint: str,
     model: str,
@@ -273,6 +356,38 @@ def _full_answer(
     completion_tokens: int,
     cached_tokens: int = 0,
 ) -> dict[str, Any]:
+    if endpoint == "messages":
+        return {
+            "id": "msg_echo-1",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": usage_for(endpoint, _usage(prompt_tokens, completion_tokens, cached_tokens)),
+        }
+    if endpoint == "responses":
+        return {
+            "id": "resp_echo-1",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": model,
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_echo-1",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": usage_for(endpoint, _usage(prompt_tokens, completion_tokens, cached_tokens)),
+        }
     if endpoint == "completions":
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "stop"}
         obj = "text_completion"
@@ -300,6 +415,41 @@ def _chunk(endpoint: str, model: str, text: str, last: bool) -> bytes:
         obj = "chat.completion.chunk"
     payload = {"id": "echo-1", "object": obj, "created": 0, "model": model, "choices": [choice]}
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _responses_events(model: str, chunks: int, usage: dict[str, Any]) -> list[bytes]:
+    """A Responses stream of `chunks` text deltas, OpenAI's events in order, usage at the end."""
+    text = " ".join(["echo"] * chunks)
+    answer = _full_answer("responses", model, text, 0, chunks)
+    item = answer["output"][0]
+    part = item["content"][0]
+    at = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {**answer, "status": "in_progress", "output": []}},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**item, "content": []}},
+        {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
+        *(
+            {
+                "type": "response.output_text.delta",
+                **at,
+                "delta": "echo " if i < chunks - 1 else "echo",
+                "logprobs": [],
+            }
+            for i in range(chunks)
+        ),
+        {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **at, "part": part},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": {**answer, "usage": usage}},
+    ]
+    return [
+        b"event: "
+        + e["type"].encode()
+        + b"\ndata: "
+        + orjson.dumps({**e, "sequence_number": n})
+        + b"\n\n"
+        for n, e in enumerate(events)
+    ]
 
 
 def _usage_chunk(endpoint: str, model: str, usage: dict[str, Any]) -> bytes:
@@ -492,6 +642,13 @@ def add_echo_arguments(parser: argparse.ArgumentParser) -> None:
         default=16,
         help="cached tokens are counted in whole blocks of this many (1 = exact)",
     )
+    parser.add_argument(
+        "--tool-rounds",
+        type=int,
+        default=0,
+        help="a request offering tools gets a call of its first tool until it carries this "
+        "many tool results (0 = never)",
+    )
 
 
 def behaviour_from(a: argparse.Namespace) -> EchoBehaviour:
@@ -504,6 +661,7 @@ def behaviour_from(a: argparse.Namespace) -> EchoBehaviour:
         model=a.model,
         cache_ttl_s=a.cache_ttl_s,
         cache_block=a.cache_block,
+        tool_rounds=a.tool_rounds,
     )
 
 

@@ -63,14 +63,17 @@ from benchmarks.echo_upstream import (
     Send,
     _chunk,
     _full_answer,
+    _responses_events,
     _send_json,
     _usage,
     _usage_chunk,
     _words,
     add_echo_arguments,
     behaviour_from,
+    messages_events,
     running_echo_upstream,
     serve,
+    usage_for,
 )
 
 HUGE_TOKENS = 10**8
@@ -253,9 +256,15 @@ class FaultApp(EchoApp):
             answer = _full_answer(
                 endpoint, b.model, " ".join(["echo"] * b.chunks), prompt_tokens, b.chunks
             )
-            await _send_json(send, 200, {**answer, "usage": usage})
+            await _send_json(send, 200, {**answer, "usage": usage_for(endpoint, usage)})
             return
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        if endpoint == "messages":  # Anthropic's events, ended as each stream fault says
+            await _messages_stream(fault, b, usage_for(endpoint, usage), send, receive, hang_s)
+            return
+        if endpoint == "responses":  # OpenAI's Responses events, ended as each fault says
+            await _responses_stream(fault, b, usage_for(endpoint, usage), send, receive, hang_s)
+            return
         if fault == "stream_huge_no_usage":
             await _huge_stream(endpoint, b.model, _number(body, "fault_mb", self.mix.huge_mb), send)
             return
@@ -276,6 +285,44 @@ class FaultApp(EchoApp):
             await send({"type": "http.response.body", "body": b""})
             return
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+async def _messages_stream(
+    fault: str, b: EchoBehaviour, usage: dict[str, Any], send: Send, receive: Receive, hang_s: float
+) -> None:
+    events = messages_events(b, usage)
+    if fault in ("stream_cut", "stream_stall"):
+        await _send_body(send, b"".join(events[: 2 + max(1, b.chunks // 2)]))
+        if fault == "stream_stall":
+            await _until_gone(receive, hang_s)
+        return  # returning mid-response makes uvicorn close the connection
+    if fault == "stream_huge_no_usage":  # no usage anywhere, as a server that counts none
+        events = [e.replace(b'"usage":', b'"x_usage":') for e in events]
+    if fault == "stream_bad_usage":
+        events[-2] = events[-2][: len(events[-2]) // 2] + b"\n\n"  # message_delta, cut
+    if fault == "stream_no_done":
+        events = events[:-1]  # no message_stop
+    await _send_body(send, b"".join(events))
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _responses_stream(
+    fault: str, b: EchoBehaviour, usage: dict[str, Any], send: Send, receive: Receive, hang_s: float
+) -> None:
+    """The stream faults in the Responses shape: the usage rides in the last event
+    (response.completed), so a broken usage event or "no [DONE]" is a stream without its end."""
+    events = _responses_events(b.model, b.chunks, usage)
+    if fault in ("stream_cut", "stream_stall"):
+        await _send_body(send, b"".join(events[: len(events) // 2]))
+        if fault == "stream_stall":
+            await _until_gone(receive, hang_s)
+        return  # returning mid-response makes uvicorn close the connection
+    if fault == "stream_bad_usage":
+        events[-1] = events[-1][: len(events[-1]) // 2] + b"\n\n"
+    elif fault == "stream_no_done":
+        events.pop()
+    await _send_body(send, b"".join(events))
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _send_body(send: Send, data: bytes) -> None:

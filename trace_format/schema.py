@@ -27,7 +27,10 @@ Version 1 fields (all optional except ``schema_version``, ``id`` and ``time`` un
   ``session_prompt_tokens`` / ``session_prefix_tokens`` (the router's estimate of the prompt and
   of its part up to the last answer: what ``cache_aware`` prices)
 - ``endpoint``: the API path under /v1 that was called (``chat/completions``, ``completions``,
-  ``embeddings``); records without it are from before it was written (chat or completions)
+  ``embeddings``, ``messages``, ``responses``); records without it are from before it was
+  written (chat or completions)
+- ``upstream_endpoint`` (``messages`` and ``responses`` only): what the tier that answered was
+  sent: ``chat/completions`` (translated) or the client's own API (passed through, ``apis:``)
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class TraceRecord(BaseModel):
     # router could not use); absent when they are the upstream's.
     usage_estimated: bool | None = None
     endpoint: str | None = None
+    upstream_endpoint: str | None = None
     latency_ms: float | None = Field(default=None, ge=0)
     ttft_ms: float | None = Field(default=None, ge=0)
     status: int | None = None

@@ -7,6 +7,7 @@ status an OpenAI client expects, so the official SDKs raise their usual exceptio
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -62,6 +63,43 @@ class RouterError(Exception):
 def error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+# HTTP status -> Anthropic error `type` (POST /v1/messages answers in Anthropic's shape:
+# router/apis/messages.py; https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    kind = ANTHROPIC_ERROR_TYPES.get(
+        status, "invalid_request_error" if status < 500 else "api_error"
+    )
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# Paths whose errors are not OpenAI's shape, wherever they are answered (the request path, the
+# ASGI front, the server's protocol refusing a head): path -> (status, message) -> body.
+PATH_ERROR_SHAPES: dict[str, Callable[[int, str], dict[str, Any]]] = {
+    "/v1/messages": anthropic_error_body,
+}
+
+
+def error_body_for(path: str, status: int, code: str, message: str) -> dict[str, Any]:
+    """The error body a client of `path` expects (OpenAI's unless PATH_ERROR_SHAPES says)."""
+    shape = PATH_ERROR_SHAPES.get(path)
+    return error_body(status, code, message) if shape is None else shape(status, message)
 
 
 def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:

@@ -1,8 +1,8 @@
 """Unknown paths under /v1 (and /admin/v1): a 404 that lists the endpoints this proxy serves.
 
-An OpenAI client pointed at the proxy may call an endpoint it does not serve (the Responses API,
-images, audio); the answer says which exist instead of a bare "Not Found". A known path with
-the wrong method keeps its 405.
+An OpenAI client pointed at the proxy may call an endpoint it does not serve (images, audio);
+the answer says which exist instead of a bare "Not Found". A known path with the wrong method
+keeps its 405.
 """
 
 from __future__ import annotations
@@ -19,11 +19,7 @@ from router.http.errors import error_body, json_response
 not_found_router = APIRouter()
 
 # Why an endpoint OpenAI has is not here, and what to use instead.
-NOT_SERVED = {
-    "/v1/responses": "the Responses API is not served (its input, events and tools do not map "
-    "onto the routed chat path one to one): send the conversation as `messages` "
-    "to POST /v1/chat/completions",
-}
+NOT_SERVED: dict[str, str] = {}
 
 
 def served(request: Request) -> dict[str, list[str]]:

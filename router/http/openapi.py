@@ -145,6 +145,13 @@ def install_openapi(app: FastAPI, bodies: Sequence[type[BaseModel]]) -> None:
                 "scheme": "bearer",
                 "description": "a key of `keys` or `cost-router keys create`",
             },
+            "anthropicKey": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "x-api-key",
+                "description": "POST /v1/messages only: the key as Anthropic clients send it "
+                "(ANTHROPIC_API_KEY)",
+            },
             "metricsToken": {
                 "type": "http",
                 "scheme": "bearer",

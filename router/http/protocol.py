@@ -25,7 +25,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from router.http.body_limits import BODY_TIMEOUT
-from router.http.errors import error_body
+from router.http.errors import error_body_for
 
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -68,6 +68,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # exact: request line and header fields seen so far
         self._raw_head_bytes = 0  # coarse: bytes of the reads that ended inside the head
         self._headers = 0
+        self._url = b""  # this request's target, for the error shape of its path
         self._refused = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -146,9 +147,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._incomplete = self._in_head = True
         self._head_bytes = self._raw_head_bytes = self._headers = 0
+        self._url = b""
         self._disarm()  # the connection's first deadline, or none: this request's starts now
 
     def on_url(self, url: bytes) -> None:
+        if len(self._url) < 4096:  # the parser may give it in pieces
+            self._url += url[: 4096 - len(self._url)]
         self._count(len(url))
         super().on_url(url)
 
@@ -198,7 +202,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, code: str, message: str) -> None:
         self._refused = True
         self._disarm()
-        body = orjson.dumps(error_body(status, code, message))
+        path = self._url.split(b"?", 1)[0].decode("latin-1")
+        body = orjson.dumps(error_body_for(path, status, code, message))
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n"

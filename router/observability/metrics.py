@@ -114,6 +114,14 @@ class RouterMetrics:
             ["from_tier", "to_tier"],
             registry=r,
         )
+        self.api_requests = Counter(
+            "cost_router_api_requests",
+            "Requests of the client APIs served on the chat path (POST /v1/messages, "
+            "/v1/responses), by API, the endpoint the answering tier was sent (chat/completions: "
+            "translated; the API itself: passed through, `apis:`) and status",
+            ["api", "upstream", "status"],
+            registry=r,
+        )
         self.session_decisions = Counter(
             "cost_router_session_decisions",
             "Requests by why their session's rules kept or moved the policy's tier "

@@ -187,7 +187,10 @@ def _request_attributes(call: Any, op: str) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": op,
         "router.request_id": call.id,
-        "router.endpoint": call.endpoint,
+        # The client's API (messages, responses) when it ran as a chat request (router/apis/).
+        "router.endpoint": call.api.name
+        if getattr(call, "api", None) is not None
+        else call.endpoint,
         "router.stream": call.stream,
         "http.response.status_code": call.status,
         **_usage(call),
@@ -203,6 +206,7 @@ def _request_attributes(call: Any, op: str) -> dict[str, Any]:
         "router.key_id": call.identity.key_id if call.identity else None,
         "router.experiment": call.selection.experiment if call.selection else None,
         "router.arm": call.selection.arm if call.selection else None,
+        "router.upstream_endpoint": getattr(call, "upstream_endpoint", None),
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     body = call.body or {}

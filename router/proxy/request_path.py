@@ -25,7 +25,7 @@ from backends.base import UpstreamClientError, UpstreamError, UpstreamResponse, 
 from backends.config import TierConfig
 from backends.deployments import DeploymentsBusy
 from backends.json_limits import MAX_JSON_DEPTH, deeper_than
-from backends.usage import counted_usage, usage_json
+from backends.usage import counted_answer_usage, counted_usage, usage_json
 from policies.base import Decision, RoutingContext
 from policies.context_window import REASON as CONTEXT_REASON
 from policies.context_window import context_need, fit_tier, fits, refusal_message
@@ -33,12 +33,15 @@ from policies.keys import AuthError, Identity, KeyStoreUnavailable
 from policies.selection import Selection, UnknownPolicyError
 from policies.sessions.identity import SessionKey
 from policies.spec import tiers_by_price
+from router.apis.base import ClientApi
 from router.http.body_limits import body_timed_out
-from router.http.errors import RouterError, error_body, error_response, json_response
+from router.http.errors import RouterError, error_body, json_response
 from router.http.schemas import validate_body
 from router.observability.telemetry_config import NO_MARKS, Marks, StepMarks, caller_trace
 from router.proxy.disconnect import DisconnectWatch, RelayResponse, until_disconnect
 from router.proxy.limiter import TierLimiter
+from router.proxy.messages_relay import MessagesMeter, relay_messages
+from router.proxy.responses_relay import relay_responses, responses_meter
 from router.proxy.session_step import CLIENT_TIER, SessionInfo, hold, session_key
 from router.proxy.state import RouterState
 from router.proxy.stream_relay import StreamMeter, relay
@@ -94,6 +97,24 @@ class Call:
     marks: Marks = NO_MARKS
     trace_parent: dict[str, str] | None = None  # the caller's W3C trace context headers
     session: SessionInfo | None = None  # the conversation and why its rules kept or moved it
+    # The client API when it is not `endpoint` (Messages, Responses: router/apis/): the request
+    # runs as the chat request `api.to_chat` made, and `upstream_endpoint` is what the tier
+    # that answered was sent (the client's own API when it speaks it, else chat).
+    api: ClientApi | None = None
+    upstream_endpoint: str | None = None
+    upstream_request: dict[str, Any] | None = None  # the body sent there, when not `body`
+
+    def error_body(
+        self, status: int, code: str, message: str, param: str | None = None
+    ) -> dict[str, Any]:
+        """The error JSON of the API the client called."""
+        if self.api is not None:
+            return self.api.error_body(status, code, message, param)
+        return error_body(status, code, message, param)
+
+    def error_response(self, err: RouterError) -> Response:
+        body = self.error_body(err.status, err.code, err.message, err.param)
+        return json_response(err.status, body, {**err.headers, **self.headers()})
 
     @property
     def policy(self) -> str:
@@ -150,7 +171,7 @@ class Call:
         record: dict[str, Any] = {
             "id": self.id,
             "time": self.time,
-            "endpoint": self.endpoint,
+            "endpoint": self.api.name if self.api is not None else self.endpoint,
             "team": ident.team if ident else None,
             "key_id": ident.key_id if ident else None,
             "user": ident.user if ident else None,
@@ -192,6 +213,8 @@ class Call:
             record["error_detail"] = self.error_detail
         if self.deployment is not None:
             record["deployment"] = self.deployment
+        if self.api is not None and self.upstream_endpoint is not None:
+            record["upstream_endpoint"] = self.upstream_endpoint
         if sel is not None and sel.unit:
             # What assigned the arm (the body's `user` is not the key's `user` above): the unit
             # the A/B report resamples (simulations/ab_report.py).
@@ -220,9 +243,17 @@ Steps = Callable[[RouterState, Request, Call], Awaitable[Response]]
 
 
 async def handle(
-    state: RouterState, request: Request, endpoint: str, steps: Steps | None = None
+    state: RouterState,
+    request: Request,
+    endpoint: str,
+    steps: Steps | None = None,
+    api: ClientApi | None = None,
 ) -> Response:
+    """`api`: the client API when it is not `endpoint` (router/apis/base.py): the request runs
+    as `endpoint` (chat completions) on the body `api.to_chat` makes of the client's, and every
+    error leaves in the API's own shape."""
     call = new_call(endpoint)
+    call.api = api
     if state.telemetry is not None:  # with tracing off, this test is all a request pays
         call.marks, call.trace_parent = StepMarks(), caller_trace(request.headers)
     # Every way out below ends in finish() (through _fail here, or the answer's own path), which
@@ -231,7 +262,7 @@ async def handle(
     try:
         return await (steps or _handle)(state, request, call)
     except RouterError as err:
-        return await _fail(state, call, err.status, err.code, error_response(err, call.headers()))
+        return await _fail(state, call, err.status, err.code, call.error_response(err))
     except UpstreamClientError as exc:
         # The request was bad for that model: its status, not its body, which may carry the
         # upstream's internals (logged for the operator).
@@ -242,7 +273,7 @@ async def handle(
             f"the model server rejected the request ({exc.status}); the "
             f"router's log has the details under request id {call.id}"
         )
-        resp = json_response(exc.status, error_body(exc.status, code, message), call.headers())
+        resp = json_response(exc.status, call.error_body(exc.status, code, message), call.headers())
         return await _fail(state, call, exc.status, code, resp)
     except (ClientGone, ClientDisconnect):
         return await _fail(state, call, 499, "client_disconnected", Response(status_code=499))
@@ -253,7 +284,7 @@ async def handle(
         raise
     except Exception:  # noqa: BLE001 - a bug of ours: never a held reservation or a stack trace
         log.exception("unexpected error in request %s", call.id)
-        body = error_body(
+        body = call.error_body(
             500, "internal_error", f"internal error in the router (request id {call.id})"
         )
         return await _fail(
@@ -267,8 +298,11 @@ async def handle(
 
 
 async def _handle(state: RouterState, request: Request, call: Call) -> Response:
-    call.identity = await identify(state, request)
+    api = call.api
+    call.identity = await identify(state, request, api)
     body = parse_body(await read_body(request, state.limits.max_body_bytes))
+    if api is not None:  # the client's API checked and translated: from here on, a chat request
+        body = api.to_chat(body)
     validate_body(call.endpoint, body)
     call.stream = body.get("stream") is True
     call.marks.start("route")
@@ -306,9 +340,12 @@ async def _handle(state: RouterState, request: Request, call: Call) -> Response:
 # --- steps ---------------------------------------------------------------------------------------
 
 
-async def identify(state: RouterState, request: Request) -> Identity:
+async def identify(state: RouterState, request: Request, api: ClientApi | None = None) -> Identity:
+    """The caller's key: `Authorization: Bearer`, or where the client API takes its key."""
+    headers = request.headers
+    auth = api.authorization(headers) if api is not None else headers.get("authorization")
     try:
-        return await state.keys.authenticate(request.headers.get("authorization"))
+        return await state.keys.authenticate(auth)
     except AuthError as exc:
         raise RouterError(401, exc.code, str(exc)) from None
     except KeyStoreUnavailable as exc:
@@ -498,6 +535,21 @@ def upstream_body(body: dict[str, Any], tier: TierConfig, stream: bool) -> dict[
     return out
 
 
+def upstream_request(
+    call: Call, body: dict[str, Any], tier: TierConfig, stream: bool
+) -> tuple[str, dict[str, Any]]:
+    """(endpoint, body) for `tier`: the chat request, or the client's own request where the
+    client API is one the tier speaks (`apis:`, router/apis/base.py). Recorded on the call: the
+    answer is read in the shape of what was sent."""
+    chat = upstream_body(body, tier, stream)
+    native = call.api.upstream(tier, chat, stream) if call.api is not None else None
+    if native is None:
+        call.upstream_endpoint, call.upstream_request = call.endpoint, None
+        return call.endpoint, chat
+    call.upstream_endpoint, call.upstream_request = native
+    return native
+
+
 R = TypeVar("R")
 
 
@@ -581,9 +633,8 @@ class _Completion(_Fallback[tuple[TierConfig, UpstreamResponse]]):
         call = self.call
         t0 = time.perf_counter()
         try:
-            answer = await self.state.backends[tier.name].complete(
-                call.endpoint, upstream_body(self.body, tier, False)
-            )
+            endpoint, sent = upstream_request(call, self.body, tier, False)
+            answer = await self.state.backends[tier.name].complete(endpoint, sent)
         finally:
             limiter.release()
         call.marks.end("upstream")
@@ -604,22 +655,40 @@ def _answer(
     tier, answer = result
     sent = call.body or {}
     bound = state.budgets.usage_bound(sent, call.endpoint, tier, call.reserved_nanos)
-    usage = checked_usage(answer.usage, bound, lambda: counted_usage(sent, answer.body))
+    native = call.upstream_request  # the client's own API was passed through: its shape
+    if native is not None and call.upstream_endpoint is not None:
+        where = call.upstream_endpoint
+        usage = checked_usage(
+            answer.usage, bound, lambda: counted_answer_usage(where, native, answer.body)
+        )
+    else:
+        usage = checked_usage(answer.usage, bound, lambda: counted_usage(sent, answer.body))
     body = answer.body
-    if not usage.reported:  # the client sees what it is charged for, marked as our count
+    cost = priced(usage, tier.price, bound)
+    if call.api is not None:
+        body = call.api.answer(body, usage, cost.cost_usd, native is not None)
+    elif not usage.reported:  # the client sees what it is charged for, marked as our count
         body = {**body, "usage": usage_json(usage)}
     model = answer.body.get("model")
     call.charge(
         usage,
-        priced(usage, tier.price, bound),
+        cost,
         model if isinstance(model, str) else tier.model,
-        body,
+        # Shadow comparisons read the upstream's own (chat) answer, not the client API's.
+        answer.body if call.api is not None else body,
     )
     finish_once(state, call)
     return json_response(200, body, call.headers())
 
 
 # --- streaming -----------------------------------------------------------------------------------
+
+# The meter and relay of a stream passed through in a client API's own shape (router/apis/), by
+# the endpoint the tier was sent; a chat stream has stream_relay's.
+NATIVE_RELAYS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[..., Any]]] = {
+    "messages": (lambda body: MessagesMeter(request=body), relay_messages),
+    "responses": (responses_meter, relay_responses),
+}
 
 
 async def start_stream(
@@ -652,11 +721,11 @@ class _Stream(_Fallback[Response]):
         state, call, body = self.state, self.call, self.body
         t0 = time.perf_counter()
         try:
-            upstream_req = upstream_body(body, tier, True)
+            endpoint, upstream_req = upstream_request(call, body, tier, True)
         except BaseException:
             limiter.release()
             raise
-        upstream = state.backends[tier.name].stream(call.endpoint, upstream_req)
+        upstream = state.backends[tier.name].stream(endpoint, upstream_req)
         # Until the response owns the stream (and _client_stream's cleanup), any failure here
         # gives back the tier's slot and the upstream connection; handle() releases the budget.
         try:
@@ -672,13 +741,31 @@ class _Stream(_Fallback[Response]):
             call.ttft_ms = (time.perf_counter() - call.started) * 1000
             # The deployment: only a tier of several deployments names one.
             self.answered(tier, getattr(upstream, "deployment", None), t0, "true")
-            want = bool((body.get("stream_options") or {}).get("include_usage"))
-            meter = StreamMeter(request=body, want_usage=want)
+            native = NATIVE_RELAYS.get(endpoint) if call.upstream_request is not None else None
+            # A client API's stream ends with the usage it is charged for: it always gets the
+            # usage chunk, to translate.
+            want = call.api is not None or bool(
+                (body.get("stream_options") or {}).get("include_usage")
+            )
+            meter: Any = (
+                StreamMeter(request=body, want_usage=want) if native is None else native[0](body)
+            )
         except BaseException:
             limiter.release()
             await upstream.aclose()
             raise
-        parts = _client_stream(state, call, tier, upstream, first, meter, limiter.release)
+        parts = _client_stream(
+            state,
+            call,
+            tier,
+            upstream,
+            first,
+            meter,
+            limiter.release,
+            relay if native is None else native[1],
+        )
+        if call.api is not None and native is None:  # a chat stream, to translate back
+            parts = call.api.stream(parts, call.id)
         return RelayResponse(parts, headers=call.headers(), watch=self.watch)
 
 
@@ -695,9 +782,12 @@ async def _client_stream(
     tier: TierConfig,
     upstream: AsyncIterator[bytes],
     first: bytes,
-    meter: StreamMeter,
+    meter: Any,
     release: Callable[[], None],
+    relay_parts: Callable[..., AsyncIterator[tuple[bytes, bool]]] = relay,
 ) -> AsyncIterator[tuple[bytes, bool]]:
+    """`meter` / `relay_parts`: stream_relay's StreamMeter and relay for a chat stream, or a
+    client API's own (NATIVE_RELAYS) for one passed through."""
     bound = state.budgets.usage_bound(call.body or {}, call.endpoint, tier, call.reserved_nanos)
     meter.request_id = call.id
     meter.completion_bound = bound.completion_tokens if bound.completion_enforced else None
@@ -708,7 +798,7 @@ async def _client_stream(
 
     finished = False
     try:
-        async for part in relay(first, upstream, meter, cost_of):
+        async for part in relay_parts(first, upstream, meter, cost_of):
             finished = part[1]
             yield part
     except BaseException:
@@ -765,6 +855,8 @@ async def finish(state: RouterState, call: Call) -> None:
         m.team_requests.labels(call.identity.team, tier).inc()
     if call.error:
         m.errors.labels(call.error).inc()
+    if call.api is not None:
+        m.api_requests.labels(call.api.name, call.upstream_endpoint or "", str(call.status)).inc()
     if usage is not None and usage.fault is not None:
         m.usage_faults.labels(call.tier or "", usage.fault).inc()
         log.warning(
@@ -796,7 +888,8 @@ async def finish(state: RouterState, call: Call) -> None:
     if state.traces is not None:
         signals = state.signals.trace_signals() if state.signals is not None else None
         state.traces.write(call.trace(signals))
-    if state.shadow is not None and call.endpoint != "embeddings":  # vectors: nothing to judge
+    # Vectors, and answers in a client API's own shape (passed through): no chat answer to judge.
+    if state.shadow is not None and call.endpoint != "embeddings" and call.upstream_request is None:
         state.shadow.offer(call)  # the answer is handed over; this queues or drops, never waits
     if state.telemetry is not None:
         state.telemetry.record(call, state.tiers.get(call.tier or ""))

@@ -15,14 +15,18 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from router.apis.messages_schema import MessagesRequest
+from router.apis.responses_schema import ResponsesRequest
 from router.config import RouterConfig
 from router.endpoints.admin import BODIES as ADMIN_BODIES
 from router.endpoints.admin import admin_router
 from router.endpoints.budget import budget_router
 from router.endpoints.embeddings import EmbeddingRequest
 from router.endpoints.feedback import feedback_router
+from router.endpoints.messages import messages_router
 from router.endpoints.openai import openai_router
 from router.endpoints.ops import ops_router
+from router.endpoints.responses import responses_router
 from router.http.errors import install_error_handlers
 from router.http.not_found import not_found_router
 from router.http.openapi import install_openapi
@@ -79,10 +83,21 @@ def create_app(
     app.include_router(feedback_router)
     app.include_router(admin_router)  # /admin/v1/...: keys, teams, budgets (admin keys only)
     app.include_router(openai_router)
+    app.include_router(messages_router)  # POST /v1/messages (Anthropic), router/apis/messages.py
+    app.include_router(responses_router)  # POST /v1/responses (router/apis/responses.py)
     app.include_router(ops_router)
     app.include_router(not_found_router)  # last: what no route above serves gets the listing
     install_openapi(
-        app, [ChatCompletionRequest, CompletionRequest, FeedbackIn, EmbeddingRequest, *ADMIN_BODIES]
+        app,
+        [
+            ChatCompletionRequest,
+            CompletionRequest,
+            MessagesRequest,
+            ResponsesRequest,
+            FeedbackIn,
+            EmbeddingRequest,
+            *ADMIN_BODIES,
+        ],
     )
     return app
 

@@ -19,14 +19,19 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from router.endpoints.messages import serve_messages
+from router.endpoints.responses import serve_responses
 from router.http.body_limits import has_body, json_content_type, not_json
-from router.http.errors import error_body, error_response, json_response
+from router.http.errors import PATH_ERROR_SHAPES, error_body, error_response, json_response
 from router.proxy.request_path import handle
 
 log = logging.getLogger(__name__)
 
 HOT_PATHS = {"/v1/chat/completions": "chat/completions", "/v1/completions": "completions"}
-JSON_BODY_PATHS = {*HOT_PATHS, "/v1/feedback"}  # the routes that read a JSON body
+# Client APIs other than OpenAI's (router/apis/): their entry, and their own error shape.
+API_PATHS = {"/v1/messages": serve_messages, "/v1/responses": serve_responses}
+ERROR_SHAPES = PATH_ERROR_SHAPES
+JSON_BODY_PATHS = {*HOT_PATHS, *API_PATHS, "/v1/feedback"}  # the routes that read a JSON body
 
 
 class FastPath:
@@ -37,19 +42,43 @@ class FastPath:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if has_body(scope) and scope["path"] in JSON_BODY_PATHS and not json_content_type(scope):
+        path = scope["path"]
+        if has_body(scope) and path in JSON_BODY_PATHS and not json_content_type(scope):
             # Closed: the unread body is not worth reading to keep the connection.
-            await error_response(not_json(), {"connection": "close"})(scope, receive, send)
+            err = not_json()
+            shape = ERROR_SHAPES.get(path)
+            response = (
+                error_response(err, {"connection": "close"})
+                if shape is None
+                else json_response(
+                    err.status, shape(err.status, err.message), {"connection": "close"}
+                )
+            )
+            await response(scope, receive, send)
             return
-        endpoint = HOT_PATHS.get(scope["path"])
-        if endpoint is None or scope["method"] != "POST":
+        endpoint = HOT_PATHS.get(path)
+        api = API_PATHS.get(path)
+        shape = ERROR_SHAPES.get(path)
+        if shape is not None and scope["method"] != "POST":  # in the API's own error shape
+            message = f"{scope['method']} {path}: use POST"
+            await json_response(405, shape(405, message), {"allow": "POST"})(scope, receive, send)
+            return
+        if (endpoint is None and api is None) or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         scope["app"] = self.app
+        state = self.app.state.router
         try:
-            response = await handle(self.app.state.router, Request(scope, receive), endpoint)
+            if api is not None:
+                response = await api(state, Request(scope, receive))
+            else:
+                response = await handle(state, Request(scope, receive), endpoint or "")
         except Exception:  # the request path answers every error it expects; this is a bug
-            log.exception("unhandled error on %s", scope["path"])
-            body = error_body(500, "internal_error", "internal error in the router")
+            log.exception("unhandled error on %s", path)
+            shape = ERROR_SHAPES.get(path)
+            message = "internal error in the router"
+            body = (
+                error_body(500, "internal_error", message) if shape is None else shape(500, message)
+            )
             response = json_response(500, body)
         await response(scope, receive, send)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from backends.base import Usage
 from backends.config import Price, cost_nanos
-from backends.usage import MALFORMED, NEGATIVE, read_usage, usage_json
+from backends.usage import MALFORMED, NEGATIVE, read_responses_usage, read_usage, usage_json
 from policies.budgets.estimate import worst_case
 from router.proxy.usage_guard import (
     CACHED_OVER_PROMPT,
@@ -255,3 +255,37 @@ def test_usage_json_echoes_the_breakdown_openai_style() -> None:
     assert out["prompt_tokens_details"] == {"cached_tokens": 64, "cache_write_tokens": 8}
     assert out["completion_tokens_details"] == {"reasoning_tokens": 30}
     assert "prompt_tokens_details" not in usage_json(Usage(100, 40, True))
+
+
+@pytest.mark.parametrize(
+    ("usage", "read"),
+    [
+        (None, None),
+        (
+            {
+                "input_tokens": 2006,
+                "input_tokens_details": {"cached_tokens": 1920},
+                "output_tokens": 300,
+                "output_tokens_details": {"reasoning_tokens": 120},
+                "total_tokens": 2306,
+            },
+            Usage(2006, 300, True, None, 1920, 0, 120),
+        ),
+        ({"input_tokens": 5, "output_tokens": 2}, Usage(5, 2, True)),
+        ({"input_tokens": -1, "output_tokens": 2}, Usage(fault=NEGATIVE)),
+        ({"input_tokens": "5", "output_tokens": 2}, Usage(fault=MALFORMED)),
+        (
+            {"input_tokens": 5, "output_tokens": 2, "input_tokens_details": "x"},
+            Usage(fault=MALFORMED),
+        ),
+        (
+            {"input_tokens": 5, "output_tokens": 2, "input_tokens_details": {"cached_tokens": -3}},
+            Usage(fault=NEGATIVE),
+        ),
+        ([5, 2], Usage(fault=MALFORMED)),
+    ],
+)
+def test_the_responses_shape_reads_as_openais_counts(usage: Any, read: Usage | None) -> None:
+    """OpenAI's Responses usage (a Response passed through from a tier that speaks it): input
+    and output tokens, cache reads within the input, reasoning within the output."""
+    assert read_responses_usage(usage) == read

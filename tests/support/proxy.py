@@ -102,6 +102,25 @@ class ProxyThread:
                 return [orjson.loads(line) for line in lines]
             time.sleep(0.02)
 
+    def spent_usd(self, key: str) -> float:
+        """What the team of API key `key` has spent (its first budget scope), by GET /v1/budget."""
+        r = httpx.get(
+            self.url + "/v1/budget", headers={"authorization": f"Bearer {key}"}, timeout=10
+        )
+        return float(r.json()["scopes"][0]["spent_usd"])
+
+    def trace(self, request_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The trace record of one request (finish() writes it after the answer is sent),
+        waiting until it is on disk."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [r for r in self.traces(0) if r["id"] == request_id]
+            if found:
+                return found[0]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no trace of {request_id} after {timeout_s} s")
+            time.sleep(0.02)
+
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[Any] | None = None) -> None:
     deadline = time.monotonic() + timeout_s

@@ -1,6 +1,6 @@
 """POST /v1/embeddings (router/endpoints/embeddings.py) through the real proxy with the official
 client: passed to `embeddings.tier` unrouted, charged by input tokens through the budget gate,
-traced; and the 404 that lists the endpoints for /v1/responses and any other unknown path."""
+traced; and the 404 that lists the endpoints for any unknown path."""
 
 from __future__ import annotations
 
@@ -104,10 +104,10 @@ def test_bad_bodies_are_400_naming_the_field(
 
 def test_unknown_endpoints_list_the_ones_that_exist(proxy: ProxyThread) -> None:
     with pytest.raises(openai.NotFoundError) as refused:
-        client(proxy).responses.create(model="auto", input="hi")
+        client(proxy).images.generate(prompt="a cat")
     message = refused.value.body["message"]  # type: ignore[index]
-    assert "Responses API is not served" in message and "POST /v1/chat/completions" in message
-    other = httpx.post(f"{proxy.url}/v1/images/generations", json={}, timeout=10)
+    assert "POST /v1/chat/completions" in message and "POST /v1/responses" in message
+    other = httpx.post(f"{proxy.url}/v1/audio/speech", json={}, timeout=10)
     assert other.status_code == 404
     error = other.json()["error"]
     assert error["code"] == "not_found" and "POST /v1/embeddings" in error["message"]

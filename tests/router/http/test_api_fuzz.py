@@ -71,11 +71,18 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyThread]:
 
 
 def openai_error_body(ctx: CheckContext, response: Response, case: Case) -> bool | None:
-    """Every 4xx/5xx carries {"error": {"message": str, "type": str, "param", "code"}}."""
+    """Every 4xx/5xx carries {"error": {"message": str, "type": str, "param", "code"}}; on
+    /v1/messages Anthropic's {"type": "error", "error": {"type": str, "message": str}}."""
     COUNTS[f"{response.status_code // 100}xx"] += 1
     if response.status_code < 400:
         return None
     body = response.json()
+    if case.operation.path == "/v1/messages":
+        assert isinstance(body, dict) and body.get("type") == "error", body
+        err = body.get("error")
+        assert isinstance(err, dict) and set(err) == {"type", "message"}, err
+        assert isinstance(err["type"], str) and isinstance(err["message"], str) and err["message"]
+        return None
     err = body.get("error") if isinstance(body, dict) else None
     assert isinstance(err, dict), f"{response.status_code} without an error object: {body!r}"
     assert set(err) == {"message", "type", "param", "code"}, err
@@ -162,6 +169,8 @@ def test_schema_is_the_one_served(proxy: ProxyThread) -> None:
         ("/readyz", "get"),
         ("/metrics", "get"),
         ("/v1/embeddings", "post"),
+        ("/v1/responses", "post"),
+        ("/v1/messages", "post"),
         ("/admin/v1/keys", "get"),
         ("/admin/v1/keys", "post"),
         ("/admin/v1/keys/{key_id}/revoke", "post"),
@@ -195,6 +204,8 @@ def test_admin_api_as_the_admin(proxy: ProxyThread, case: Case) -> None:
 # and the neighbours of each: (method, path, body, the schema allows it). The schema must say
 # what the server does: allowed -> not refused as malformed; not allowed -> a 400.
 CHAT = {"model": "small", "messages": [{"role": "user", "content": "hi"}]}
+RESPONSE = {"model": "small", "input": "hi"}
+MESSAGE = {"model": "small", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 AGREEMENT_CASES: list[tuple[str, str, Any, bool]] = [
     ("POST", "/v1/embeddings", {"model": "small", "input": []}, False),
     ("POST", "/v1/embeddings", {"model": "small", "input": ["a"] * 2049}, False),
@@ -215,6 +226,25 @@ AGREEMENT_CASES: list[tuple[str, str, Any, bool]] = [
     # Parsed as a float that rounds to -(2**63): still refused, as the schema says.
     ("POST", "/v1/chat/completions", {**CHAT, "seed": -(2**63) - 1}, False),
     ("POST", "/v1/chat/completions", {**CHAT, "seed": -(2**63)}, True),
+    # The Responses API (router/apis/responses_schema.py): stateless, function tools only, an
+    # input chat can read.
+    ("POST", "/v1/responses", {**RESPONSE, "previous_response_id": "resp_1"}, False),
+    ("POST", "/v1/responses", {**RESPONSE, "previous_response_id": None, "store": True}, True),
+    ("POST", "/v1/responses", {**RESPONSE, "max_output_tokens": 8.0}, True),
+    ("POST", "/v1/responses", {**RESPONSE, "max_output_tokens": 2**31}, False),
+    ("POST", "/v1/responses", {**RESPONSE, "input": []}, False),
+    ("POST", "/v1/responses", {**RESPONSE, "input": [{"type": "reasoning"}]}, False),
+    (
+        "POST",
+        "/v1/responses",
+        {**RESPONSE, "input": [{"type": "reasoning"}, {"role": "user", "content": "hi"}]},
+        True,
+    ),
+    ("POST", "/v1/responses", {**RESPONSE, "tools": [{"type": "web_search"}]}, False),
+    # The Anthropic Messages API (router/apis/messages_schema.py).
+    ("POST", "/v1/messages", {**MESSAGE, "messages": [{"role": "user", "content": ""}]}, False),
+    ("POST", "/v1/messages", {**MESSAGE, "tool_choice": {"type": "tool"}}, False),
+    ("POST", "/v1/messages", {**MESSAGE, "max_tokens": 8.0}, True),
     ("POST", "/admin/v1/keys", {"team": "not-in-the-config"}, True),
     ("POST", "/admin/v1/keys", {"team": "limited"}, True),
     ("PUT", "/admin/v1/budgets/limited/limit", {}, False),

@@ -22,6 +22,7 @@ from backends.config import Price
 from benchmarks.fault_upstream import HUGE_TOKENS, running_fault_upstream
 from policies.config import BudgetLimit, BudgetsConfig
 from policies.keys import hash_key
+from router.apis.responses import events_of
 from router.proxy.usage_guard import UsageBound, checked_usage, priced
 from tests.support.audit import Audit, Told, check_budget_invariant
 from tests.support.budgets import REDIS_URL, delete_prefix, random_prefix
@@ -349,7 +350,13 @@ CACHE_PRICE = Price(
 FRESH_NANOS, CACHED_NANOS, OUTPUT_NANOS = 1000, 100, 2000
 CACHE_BLOCK = 4  # the upstream counts cached tokens in blocks of 4 words
 ECHO_COMPLETION = 8  # the echo answers 8 completion tokens
-CACHE_TEAMS = ("cached_plain", "cached_stream", "cache_fault_plain", "cache_fault_stream")
+CACHE_TEAMS = (
+    "cached_plain",
+    "cached_stream",
+    "cache_fault_plain",
+    "cache_fault_stream",
+    "cached_responses",
+)
 
 
 @dataclass
@@ -480,3 +487,213 @@ def test_a_broken_cache_count_is_a_fault_charged_as_fresh_input(
     assert record["prompt_tokens"] > 0 and audit.charges[rid].nanos == expected
     assert round(told_usd * 1e9) == expected
     wait_for(lambda: faults(proxy, reason) == counted_before + 1, 10, f"{reason} counted")
+
+
+# --- the Responses API (issue 26): the same faults through POST /v1/responses -----------------
+# Translated (the tier speaks chat: the upstream's usage is chat's) and passed through (the tier
+# lists `apis: [responses]`: the upstream's usage is in the Responses shape, read by
+# backends/usage.py read_responses_usage). Either way the client gets a Response whose usage is
+# what it is charged, a broken report is charged our own count within the bounds, a stream that
+# broke off ends in response.failed (never response.completed), and the audit invariant holds.
+
+RESPONSES_TEAMS = ("r_plain", "r_stream")
+
+
+@dataclass
+class ResponsesProxy:
+    proxy: ProxyThread
+    budgets: BudgetsConfig
+    told: Told
+    traces: Path
+
+
+@pytest.fixture(scope="module")
+def responses_proxy(
+    upstream: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ResponsesProxy]:
+    prefix = random_prefix()
+    budgets = BudgetsConfig(
+        store="redis", redis_url=REDIS_URL, key_prefix=prefix, redis_timeout_s=5
+    )
+    traces = tmp_path_factory.mktemp("traces")
+    config = make_config(
+        [
+            tier("small", upstream, price=PRICE),
+            tier("native", upstream, price=PRICE, apis=["chat", "responses"]),
+        ],
+        traces,
+        teams={t: {"budget": {"limit_usd": LIMIT_USD, "period": "total"}} for t in RESPONSES_TEAMS},
+        keys=[{"key_sha256": hash_key(key_of(t)), "team": t} for t in RESPONSES_TEAMS],
+        budgets=budgets.model_dump(exclude_unset=True),
+    )
+    try:
+        with ProxyThread(config) as p:
+            yield ResponsesProxy(p, budgets, Told(), traces)
+    finally:
+        delete_prefix(prefix)
+
+
+def _responses_audit(rp: ResponsesProxy) -> Audit:
+    limits = {t: BudgetLimit(limit_usd=LIMIT_USD, period="total") for t in RESPONSES_TEAMS}
+    return check_budget_invariant(rp.budgets, limits, rp.told, [rp.traces / "requests.jsonl"])
+
+
+def _ask_response(fault: str) -> dict[str, Any]:
+    return {
+        "input": f"tell me about {fault}",
+        "max_output_tokens": MAX_TOKENS,
+        "metadata": {"fault": fault},
+    }
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("huge_usage", "completion_over_bound"),
+        ("negative_usage", "negative"),
+        ("nonnumeric_usage", "malformed"),
+        ("details_string", "malformed"),
+        ("cached_over_prompt", "cached_over_prompt"),
+    ],
+)
+@pytest.mark.parametrize("model", ["small", "native"], ids=["translated", "passthrough"])
+def test_broken_usage_in_a_response_is_charged_our_count_within_the_bounds(
+    responses_proxy: ResponsesProxy, fault: str, reason: str, model: str
+) -> None:
+    rp = responses_proxy
+    oa = openai.OpenAI(base_url=rp.proxy.url + "/v1", api_key=key_of("r_plain"), max_retries=0)
+    raw = oa.responses.with_raw_response.create(model=model, **_ask_response(fault))
+    response, rid = raw.parse(), raw.headers["x-router-request-id"]
+    charged = float(raw.headers["x-router-cost-usd"])
+    rp.told.add("r_plain", rid, charged)
+    usage = response.usage
+    assert usage is not None and 0 <= usage.output_tokens <= MAX_TOKENS
+    assert usage.input_tokens >= 0 and usage.input_tokens_details.cached_tokens == 0
+    assert usage.model_extra["x_router_estimated"] is True  # type: ignore[index]
+    assert 0 < charged < 0.001
+    record = trace_of(rp.proxy, rid)
+    assert record["endpoint"] == "responses" and record["usage_fault"] == reason
+    assert record["upstream_endpoint"] == ("responses" if model == "native" else "chat/completions")
+    assert record["cost_usd"] == charged
+    _responses_audit(rp)
+
+
+def _stream_response(
+    rp: ResponsesProxy, fault: str, model: str
+) -> tuple[str, list[dict[str, Any]]]:
+    body = {"model": model, "stream": True, **_ask_response(fault)}
+    headers = {"authorization": f"Bearer {key_of('r_stream')}"}
+    with httpx.stream(
+        "POST", rp.proxy.url + "/v1/responses", json=body, headers=headers, timeout=60
+    ) as r:
+        assert r.status_code == 200
+        raw = r.read()
+    return r.headers["x-router-request-id"], list(events_of(raw))
+
+
+STREAMED = pytest.mark.parametrize("model", ["small", "native"], ids=["translated", "passthrough"])
+
+
+@pytest.mark.parametrize("fault", ["huge_usage", "nonnumeric_usage", "negative_usage", "none"])
+@STREAMED
+def test_a_response_stream_with_broken_usage_completes_charged_within_the_bounds(
+    responses_proxy: ResponsesProxy, fault: str, model: str
+) -> None:
+    rp = responses_proxy
+    rid, events = _stream_response(rp, fault, model)
+    assert events[-1]["type"] == "response.completed"
+    usage = events[-1]["response"]["usage"]
+    assert 0 < usage["output_tokens"] <= MAX_TOKENS and 0 < usage["cost_usd"] < 0.001
+    rp.told.add("r_stream", rid, usage["cost_usd"])
+    record = trace_of(rp.proxy, rid)
+    assert record["status"] == 200 and record["cost_usd"] == usage["cost_usd"]
+    if fault != "none":
+        assert record["usage_fault"] and usage["x_router_estimated"] is True
+    _responses_audit(rp)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"), [("stream_no_done", "upstream_truncated"), ("stream_cut", "upstream_error")]
+)
+@STREAMED
+def test_a_response_stream_that_broke_off_ends_failed_and_is_settled(
+    responses_proxy: ResponsesProxy, fault: str, error: str, model: str
+) -> None:
+    """Translated: the chat stream's end is missing -> response.failed. Passed through: the
+    tier's own stream lost its response.completed -> OpenAI's `error` event. Never completed."""
+    rp = responses_proxy
+    rid, events = _stream_response(rp, fault, model)
+    kinds = [e["type"] for e in events]
+    assert "response.completed" not in kinds
+    if model == "native":
+        assert kinds[-1] == "error" and events[-1]["code"] == error
+        message = events[-1]["message"]
+    else:
+        assert kinds[-1] == "response.failed" and events[-1]["response"]["status"] == "failed"
+        message = events[-1]["response"]["error"]["message"]
+    assert rid in message and "small:" not in message  # no upstream internals
+    rp.told.add("r_stream", rid, None)  # told nothing: the trace's cost counts
+    record = trace_of(rp.proxy, rid)
+    assert (record["status"], record["error"]) == (502, error)
+    _responses_audit(rp)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_cached_response_is_charged_the_cached_price(
+    cache_proxy: CacheProxy, stream: bool
+) -> None:
+    """The Responses shape of the cache: the second ask of a 12-word prompt through
+    /v1/responses reports input_tokens_details.cached_tokens 12 and is charged 12 x $0.10/Mtok
+    plus the output, in the header or response.completed, the ledger and the trace alike."""
+    proxy, team, told = cache_proxy.proxy, "cached_responses", cache_proxy.told
+    words = f"responses {'streamed' if stream else 'plain'} three four five six seven eight nine"
+    words += " ten eleven twelve"
+    oa = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key_of(team), max_retries=0)
+    body: dict[str, Any] = {"model": "small", "input": words, "max_output_tokens": MAX_TOKENS}
+    asks = []
+    for _ in range(2):
+        if stream:
+            events = oa.responses.create(**body, stream=True)
+            final = list(events)[-1].response  # type: ignore[union-attr]
+            usage = final.usage
+            assert usage is not None
+            cost = usage.model_extra["cost_usd"]  # type: ignore[index]
+            rid = events.response.headers["x-router-request-id"]
+        else:
+            raw = oa.responses.with_raw_response.create(**body)
+            usage = raw.parse().usage
+            assert usage is not None
+            cost, rid = float(raw.headers["x-router-cost-usd"]), raw.headers["x-router-request-id"]
+        told.add(team, rid, cost)
+        asks.append((rid, cost, usage))
+    (first_id, first_cost, first), (second_id, second_cost, second) = asks
+    assert first.input_tokens == second.input_tokens == 12
+    assert first.input_tokens_details.cached_tokens == 0
+    assert second.input_tokens_details.cached_tokens == 12
+    assert round(first_cost * 1e9) == 12 * FRESH_NANOS + ECHO_COMPLETION * OUTPUT_NANOS
+    cached_nanos = 12 * CACHED_NANOS + ECHO_COMPLETION * OUTPUT_NANOS
+    assert round(second_cost * 1e9) == cached_nanos
+    audit = _ledger(cache_proxy.budgets, told)
+    assert audit.charges[second_id].nanos == cached_nanos
+    record = trace_of(proxy, second_id)
+    assert record["endpoint"] == "responses" and record["cached_tokens"] == 12
+
+
+@STREAMED
+def test_a_response_stream_whose_usage_event_is_broken(
+    responses_proxy: ResponsesProxy, model: str
+) -> None:
+    """A usage event that is not JSON: in a chat stream it is the usage chunk alone (the answer
+    completes, charged our count); in the tier's own Responses stream it is response.completed
+    itself, so the stream has no end (an error event). Both are settled, within the bounds."""
+    rp = responses_proxy
+    rid, events = _stream_response(rp, "stream_bad_usage", model)
+    record = trace_of(rp.proxy, rid)
+    assert record["usage_fault"] == "malformed" and 0 < record["cost_usd"] < 0.001
+    if model == "native":
+        assert events[-1]["type"] == "error" and events[-1]["code"] == "upstream_truncated"
+        rp.told.add("r_stream", rid, None)
+    else:
+        assert events[-1]["type"] == "response.completed"
+        rp.told.add("r_stream", rid, events[-1]["response"]["usage"]["cost_usd"])
+    _responses_audit(rp)

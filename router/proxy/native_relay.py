@@ -4,7 +4,8 @@ first KEEP_CONTENT_BYTES of it, for shadow comparisons; the charged usage throug
 guard) and the loop that forwards each SSE event as it arrives until the API's end or an error.
 
 What differs per API is which events carry the text and the usage, which end the stream, and
-how the end is rewritten with the charged usage: router/proxy/responses_relay.py.
+how the end is rewritten with the charged usage: router/proxy/messages_relay.py and
+router/proxy/responses_relay.py.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from router.http.schemas import validate_body
 from router.observability.telemetry_config import NO_MARKS, Marks, StepMarks, caller_trace
 from router.proxy.disconnect import DisconnectWatch, RelayResponse, until_disconnect
 from router.proxy.limiter import TierLimiter
-from router.proxy.messages_relay import MessagesMeter, relay_messages
+from router.proxy.messages_relay import messages_meter, relay_messages
 from router.proxy.responses_relay import relay_responses, responses_meter
 from router.proxy.session_step import CLIENT_TIER, SessionInfo, hold, session_key
 from router.proxy.state import RouterState
@@ -686,7 +686,7 @@ def _answer(
 # The meter and relay of a stream passed through in a client API's own shape (router/apis/), by
 # the endpoint the tier was sent; a chat stream has stream_relay's.
 NATIVE_RELAYS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[..., Any]]] = {
-    "messages": (lambda body: MessagesMeter(request=body), relay_messages),
+    "messages": (messages_meter, relay_messages),
     "responses": (responses_meter, relay_responses),
 }
 

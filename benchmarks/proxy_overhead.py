@@ -62,11 +62,24 @@ async def _one(
     return scheduled, (first or end) - scheduled, end - scheduled, status
 
 
+def _payloads(spec: dict[str, Any]) -> list[bytes]:
+    """The request bodies, sent in turn: one, or with spec["prompts"] = N, N that differ in the
+    prompt (the classifier's score cache then misses, as for traffic that never repeats)."""
+    body = spec["body"]
+    if spec.get("prompts", 1) <= 1:
+        return [json.dumps(body).encode()]
+    out = []
+    for i in range(spec["prompts"]):
+        messages = [{"role": "user", "content": f"{PROMPT} (variant {i})"}]
+        out.append(json.dumps({**body, "messages": messages}).encode())
+    return out
+
+
 async def _open_loop(spec: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
     rate, duration, warmup = spec["rate"], spec["duration"], spec["warmup"]
-    payload = json.dumps(spec["body"]).encode()
+    payloads = _payloads(spec)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -79,7 +92,14 @@ async def _open_loop(spec: dict[str, Any]) -> dict[str, Any]:
                 await asyncio.sleep(delay)
             tasks.append(
                 asyncio.ensure_future(
-                    _one(session, spec["url"], payload, spec["headers"], spec["stream"], scheduled)
+                    _one(
+                        session,
+                        spec["url"],
+                        payloads[i % len(payloads)],
+                        spec["headers"],
+                        spec["stream"],
+                        scheduled,
+                    )
                 )
             )
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -96,14 +116,17 @@ async def _open_loop(spec: dict[str, Any]) -> dict[str, Any]:
 async def _closed_loop(spec: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
-    payload = json.dumps(spec["body"]).encode()
+    payloads = _payloads(spec)
+    sent = 0
     stop_at = time.perf_counter() + spec["warmup"] + spec["duration"]
     measure_from = time.perf_counter() + spec["warmup"]
     done = errors = completed = 0
 
     async def worker(session: Any) -> None:
-        nonlocal done, errors, completed
+        nonlocal done, errors, completed, sent
         while (now := time.perf_counter()) < stop_at:
+            payload = payloads[sent % len(payloads)]
+            sent += 1
             try:
                 _, _, _, status = await _one(
                     session, spec["url"], payload, spec["headers"], spec["stream"], now
@@ -279,6 +302,22 @@ def main() -> None:
     ap.add_argument("--throughput-seconds", type=float, default=8.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--skip-litellm", action="store_true")
+    ap.add_argument(
+        "--model", type=Path, default=None, help="classifier .onnx (default: the shipped one)"
+    )
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=1,
+        help="distinct prompts sent in turn (default 1, the same prompt every time; more than "
+        "the classifier's score cache holds, 2,048, makes every `auto` request a cache miss)",
+    )
+    ap.add_argument(
+        "--tier-named",
+        action="store_true",
+        help="also measure the same cost-router naming a tier (`model: small`: no classifier, no "
+        "policy), beside `auto`, for the share of the proxy's cost that routing takes",
+    )
     ap.add_argument("--quick", action="store_true", help="short points (smoke run)")
     ap.add_argument(
         "--trace",
@@ -297,6 +336,10 @@ def main() -> None:
     echo_port, router_port, litellm_port = free_port(), free_port(), free_port()
     echo_url = f"http://127.0.0.1:{echo_port}/v1"
     router_yaml, litellm_yaml, log_json = write_configs(tmp, echo_url, router_port)
+    if a.model is not None:
+        config = yaml.safe_load(router_yaml.read_text())
+        config["classifier"] = {"model_path": str(a.model.resolve())}
+        router_yaml.write_text(yaml.safe_dump(config))
     print(f"load average before: {os.getloadavg()}; logs in {tmp}", flush=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(
@@ -334,6 +377,9 @@ def main() -> None:
             "cost-router": (f"http://127.0.0.1:{router_port}/v1/chat/completions", {}, "auto"),
         }
         pgids = {"cost-router": router.pid}
+        if a.tier_named:  # same server process: only the request's `model` differs
+            targets["cost-router (tier)"] = (targets["cost-router"][0], {}, "small")
+            pgids["cost-router (tier)"] = router.pid
         if not a.skip_litellm:
             litellm = str(Path(PY).parent / "litellm")
             lite = stack.enter_context(
@@ -418,6 +464,7 @@ def latency_points(
                     model,
                     stream,
                     mode="open",
+                    prompts=a.prompts,
                     rate=rate,
                     duration=a.duration,
                     warmup=a.warmup,
@@ -453,6 +500,7 @@ def throughput_points(
                 model,
                 stream,
                 mode="closed",
+                prompts=a.prompts,
                 concurrency=a.concurrency,
                 duration=a.throughput_seconds,
                 warmup=a.warmup,
@@ -501,11 +549,18 @@ def print_tables(rows: list[dict[str, Any]], throughput: list[dict[str, Any]]) -
     print("\n| mode | target | sustained req/s | vs LiteLLM | server CPU ms / request | errors |")
     print("|---|---|---|---|---|---|")
     lite = {t["stream"]: t["rps"] for t in throughput if t["target"] == "litellm"}
+    named = {t["stream"]: t["rps"] for t in throughput if t["target"] == "cost-router (tier)"}
     for t in throughput:
         ratio = f"{t['rps'] / lite[t['stream']]:.2f}x" if lite.get(t["stream"]) else "-"
         mode = "stream" if t["stream"] else "non-stream"
         cpu = f"{t['cpu_ms_per_req']:.2f}" if t["cpu_ms_per_req"] is not None else "-"
         print(f"| {mode} | {t['target']} | {t['rps']:.0f} | {ratio} | {cpu} | {t['errors']} |")
+    for stream, rps in named.items():
+        auto = next(
+            t["rps"] for t in throughput if t["target"] == "cost-router" and t["stream"] == stream
+        )
+        mode = "stream" if stream else "non-stream"
+        print(f"{mode}: `auto` sustains {auto / rps:.0%} of the tier-named throughput")
 
 
 if __name__ == "__main__":

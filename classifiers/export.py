@@ -13,7 +13,9 @@ norm is one Mul + ReduceSum: no full-width idf Mul, Div or Concat. The scaler is
 numeric weights, and the source prior's logits (a linear function of the same blocks) come out of
 the same MatMuls (extra columns). The text blocks' logits are [1, K] when their input has one row,
 so a batch whose rows all leave one text input empty may feed it as a single padding row
-(classifiers.features.BROADCAST_KEY). Pipelines of any other shape are refused
+(classifiers.features.BROADCAST_KEY). The numeric features come as one [rows, features] input
+(classifiers.features.PACKED_INPUTS): onnxruntime's cost per input dominated a one-prompt run
+when each feature had its own. Pipelines of any other shape are refused
 (NotImplementedError), and so is a graph that would not score probe texts as scikit-learn does:
 training builds no other shape, so there is no generic fallback.
 """
@@ -39,8 +41,9 @@ from sklearn.preprocessing import StandardScaler
 from classifiers.dataset import RoutingDataset
 from classifiers.features import (
     BROADCAST_KEY,
-    MODEL_INPUTS,
+    NUMERIC_INPUT,
     NUMERIC_INPUTS,
+    PACKED_INPUTS,
     SEP_ID,
     TEXT_INPUTS,
     clean_text,
@@ -172,19 +175,26 @@ def _text_block(graph: _Graph, vectorizer: TfidfVectorizer, column: str, w: np.n
 
 
 def _numeric_block(
-    graph: _Graph, scaler: StandardScaler, columns: list[str], w: np.ndarray
+    graph: _Graph, scaler: StandardScaler, columns: list[str], w: np.ndarray, packed: bool
 ) -> tuple[str, np.ndarray]:
     """Logits of the standardized numeric features, scaler folded into the weights:
-    ((x - mean) / scale) @ w = x @ (w / scale) - (mean / scale) @ w. Returns (logits, offset)."""
+    ((x - mean) / scale) @ w = x @ (w / scale) - (mean / scale) @ w. Returns (logits, offset).
+    `packed`: x is (columns of) the one `numeric` input, else the Concat of one input each."""
     scale = scaler.scale_ if scaler.with_std else np.ones(len(columns))
     mean = scaler.mean_ if scaler.with_mean else np.zeros(len(columns))
     folded = w / np.asarray(scale, dtype=np.float64)[:, None]
-    x = graph.op("Concat", list(columns), "numeric", axis=1)
+    if not packed:
+        x = graph.op("Concat", list(columns), "numeric", axis=1)
+    elif list(columns) == list(NUMERIC_INPUTS):
+        x = NUMERIC_INPUT
+    else:
+        at = graph.const("columns", np.array([NUMERIC_INPUTS.index(c) for c in columns], np.int64))
+        x = graph.op("Gather", [NUMERIC_INPUT, at], "numeric", axis=1)
     logits = graph.op("MatMul", [x, graph.const("coef", folded.astype(np.float32))], "logits")
     return logits, -np.asarray(mean, dtype=np.float64) @ folded
 
 
-def _blocks(graph: _Graph, features: ColumnTransformer, heads: _Heads) -> None:
+def _blocks(graph: _Graph, features: ColumnTransformer, heads: _Heads, packed: bool) -> None:
     weights = features.transformer_weights or {}
     for name, transformer, columns in features.transformers_:
         block = features.output_indices_[name]
@@ -197,7 +207,7 @@ def _blocks(graph: _Graph, features: ColumnTransformer, heads: _Heads) -> None:
         if isinstance(transformer, TfidfVectorizer) and columns in TEXT_INPUTS:
             heads.add(graph, _text_block(graph, transformer, columns, w), reading)
         elif isinstance(transformer, StandardScaler) and set(columns) <= set(NUMERIC_INPUTS):
-            logits, offset = _numeric_block(graph, transformer, list(columns), w)
+            logits, offset = _numeric_block(graph, transformer, list(columns), w, packed)
             heads.add(graph, logits, reading)
             at = 0
             for head, part in reading:
@@ -220,8 +230,10 @@ def _prior_logits(graph: _Graph, heads: _Heads, prior: SourcePrior, coef: np.nda
     return graph.op("MatMul", [column, scale], "prior_logits")
 
 
-def lean_model(pipeline: Pipeline) -> onnx.ModelProto:
-    """The pipeline as a lean ONNX graph (NotImplementedError for shapes it does not cover)."""
+def lean_model(pipeline: Pipeline, packed: bool = True) -> onnx.ModelProto:
+    """The pipeline as a lean ONNX graph (NotImplementedError for shapes it does not cover).
+    `packed`: the numeric features as one input (PACKED_INPUTS, what `export` writes); False
+    writes the former graph with one input per feature (MODEL_INPUTS), which still loads."""
     features, prior, model = _parts(pipeline)
     classes = len(model.classes_)
     coef = np.asarray(model.coef_, dtype=np.float64)
@@ -236,7 +248,7 @@ def lean_model(pipeline: Pipeline) -> onnx.ModelProto:
         weights.append(full)
     graph = _Graph()
     heads = _Heads(weights)
-    _blocks(graph, features, heads)
+    _blocks(graph, features, heads, packed)
     logits = heads.parts[0]
     if prior is not None:
         logits = [*logits, _prior_logits(graph, heads, prior, coef)]
@@ -256,10 +268,16 @@ def lean_model(pipeline: Pipeline) -> onnx.ModelProto:
         helper.make_tensor_value_info(name, TensorProto.INT64, [f"{name}_rows", f"{name}_chars"])
         for name in TEXT_INPUTS
     ]
-    inputs += [
-        helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", 1])
-        for name in NUMERIC_INPUTS
-    ]
+    if packed:
+        width = len(NUMERIC_INPUTS)
+        inputs.append(
+            helper.make_tensor_value_info(NUMERIC_INPUT, TensorProto.FLOAT, ["rows", width])
+        )
+    else:
+        inputs += [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", 1])
+            for name in NUMERIC_INPUTS
+        ]
     output = helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["rows", classes])
     onnx_graph = helper.make_graph(
         graph.nodes, "cost_router_classifier", inputs, [output], graph.initializers
@@ -271,7 +289,7 @@ def lean_model(pipeline: Pipeline) -> onnx.ModelProto:
         ir_version=8,
     )
     # Broadcasting a one-row text input needs another input that carries the batch's rows.
-    numeric = any(n.op_type == "Concat" and n.input[0] in NUMERIC_INPUTS for n in graph.nodes)
+    numeric = any(set(n.input) & {NUMERIC_INPUT, *NUMERIC_INPUTS} for n in graph.nodes)
     helper.set_model_props(onnx_model, {BROADCAST_KEY: "1" if numeric else "0"})
     onnx.checker.check_model(onnx_model)
     return onnx_model
@@ -291,16 +309,17 @@ _PROBES = [
 def _same_as_sklearn(pipeline: Pipeline, model: onnx.ModelProto) -> bool:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     cleans = [clean_text(t) for t in _PROBES]
-    feed = model_feed(cleans, [is_multiple_choice(c) for c in cleans])
+    packed = NUMERIC_INPUT in {i.name for i in session.get_inputs()}
+    feed = model_feed(cleans, [is_multiple_choice(c) for c in cleans], packed=packed)
     got = session.run([OUTPUT], feed)[0]
     expected = pipeline.predict_proba(frame(_PROBES))
     return got.shape == expected.shape and float(np.abs(got - expected).max()) <= 1e-5
 
 
-def to_onnx_bytes(pipeline: Pipeline) -> bytes:
+def to_onnx_bytes(pipeline: Pipeline, packed: bool = True) -> bytes:
     """The lean graph, checked on probe texts (NotImplementedError for a pipeline it cannot
     reproduce)."""
-    model = lean_model(pipeline)
+    model = lean_model(pipeline, packed)
     if not _same_as_sklearn(pipeline, model):
         raise NotImplementedError("lean export: the graph disagrees with scikit-learn on probes")
     return model.SerializeToString()
@@ -353,7 +372,7 @@ def export(pipeline: Pipeline, path: str | Path, metadata: dict[str, Any]) -> di
         "onnx_file": path.name,
         "onnx_sha256": hashlib.sha256(blob).hexdigest(),
         "onnx_bytes": len(blob),
-        "inputs": list(MODEL_INPUTS),
+        "inputs": list(PACKED_INPUTS),
         "output": OUTPUT,
     }
     ModelFiles(path).card.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -55,6 +55,12 @@ NUMERIC_INPUTS: tuple[str, ...] = (
     "is_mc",
 )
 MODEL_INPUTS: tuple[str, ...] = (*TEXT_INPUTS, *NUMERIC_INPUTS)
+# The graph classifiers.export writes takes the numeric features packed in one [rows,
+# len(NUMERIC_INPUTS)] float32 input, columns in NUMERIC_INPUTS order: onnxruntime's cost per
+# input (an OrtValue each, checks in its Python wrapper) was a quarter of a one-prompt run with 21
+# one-column inputs. Models exported before take MODEL_INPUTS (one input per feature).
+NUMERIC_INPUT = "numeric"
+PACKED_INPUTS: tuple[str, ...] = (*TEXT_INPUTS, NUMERIC_INPUT)
 
 # Text reaches the ONNX graph as integers, one per character, so the graph counts n-grams over
 # int64 pools (string ops dominated batch time). Word characters (Python's `\w`: alphanumeric or
@@ -220,16 +226,18 @@ def model_feed(
     kinds: Sequence[bool],
     ids: bool = True,
     one_row_if_empty: bool = False,
+    packed: bool = False,
 ) -> dict[str, np.ndarray]:
     """Cleaned texts and their multiple-choice flags -> onnxruntime inputs.
 
     The same values as `model_inputs`: text as `char_ids` (or, with ids=False, as [rows, 1]
-    strings for models exported before character ids), numbers as [rows, 1] float32. With
+    strings for models exported before character ids), numbers as [rows, 1] float32, or with
+    `packed` as one [rows, len(NUMERIC_INPUTS)] `numeric` input (PACKED_INPUTS). With
     `one_row_if_empty`, a text input that is empty in every row is fed as one padding row, for
     graphs that broadcast it (classifiers.export's lean graph): that side's n-gram work is skipped.
     """
     normalized = [normalize_text(clean) for clean in cleans]
-    numeric = numeric_inputs(cleans, normalized, kinds)
+    numeric = numeric_inputs(cleans, normalized, kinds, rows_first=packed)
     feed: dict[str, np.ndarray] = {}
     for name, side in (("mc_text", True), ("open_text", False)):
         texts = [n if mc == side else "" for n, mc in zip(normalized, kinds, strict=True)]
@@ -239,16 +247,23 @@ def model_feed(
             feed[name] = _PAD_ROW
         else:
             feed[name] = char_ids(texts)
-    # Iterating [inputs, rows, 1] gives contiguous [rows, 1] views, one per input.
-    feed.update(zip(NUMERIC_INPUTS, numeric[:, :, None], strict=True))
+    if packed:
+        feed[NUMERIC_INPUT] = numeric
+    else:
+        # Iterating [inputs, rows, 1] gives contiguous [rows, 1] views, one per input.
+        feed.update(zip(NUMERIC_INPUTS, numeric[:, :, None], strict=True))
     return feed
 
 
 def numeric_inputs(
-    cleans: Sequence[str], normalized: Sequence[str], kinds: Sequence[bool]
+    cleans: Sequence[str],
+    normalized: Sequence[str],
+    kinds: Sequence[bool],
+    rows_first: bool = False,
 ) -> np.ndarray:
     """[len(NUMERIC_INPUTS), rows] float32 (one row per input): each text's features on its side
-    (multiple-choice or open), zeros on the other, then the multiple-choice flag."""
+    (multiple-choice or open), zeros on the other, then the multiple-choice flag. With
+    `rows_first`, the same values as a C-contiguous [rows, len(NUMERIC_INPUTS)] array."""
     width = len(NUMERIC_FEATURES)
     if len(cleans) <= _FEW_ROWS:  # one query at a time: plain lists beat numpy's call overhead
         zeros = [0.0] * width
@@ -256,7 +271,10 @@ def numeric_inputs(
             [*numeric_features(c, n), *zeros, 1.0] if mc else [*zeros, *numeric_features(c, n), 0.0]
             for c, n, mc in zip(cleans, normalized, kinds, strict=True)
         ]
-        return np.array(rows, np.float32).reshape(len(cleans), len(NUMERIC_INPUTS)).T.copy()
+        packed = np.array(rows, np.float32).reshape(len(cleans), len(NUMERIC_INPUTS))
+        return packed if rows_first else packed.T.copy()
+    if rows_first:
+        return np.ascontiguousarray(numeric_inputs(cleans, normalized, kinds).T)
     values = numeric_matrix(cleans, normalized).T
     mc = np.asarray(kinds, dtype=bool).reshape(-1)
     out = np.zeros((len(NUMERIC_INPUTS), len(cleans)), np.float32)

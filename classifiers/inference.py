@@ -10,7 +10,9 @@ file), never at the first request: the session is created and run once on a prob
 
 from __future__ import annotations
 
+import functools
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,8 @@ import onnxruntime as ort
 from classifiers.features import (
     BROADCAST_KEY,
     MODEL_INPUTS,
+    NUMERIC_INPUT,
+    PACKED_INPUTS,
     TEXT_INPUTS,
     clean_text,
     is_multiple_choice,
@@ -37,6 +41,14 @@ BATCH_ROWS = 512
 BATCH_CELLS = 512 * 640
 # Batches up to this size run as one call; bigger ones are split by kind and length.
 SMALL_BATCH = 16
+# score_request keeps the scores of this many recent request texts of at most CACHED_CHARS
+# characters (<= 2048 x 2048 characters held). The scored text is the last user turn and the two
+# turns before it, so every step of an agent's tool loop (tool results are not user turns), a
+# retry and a repeated short prompt ("hello") score the same text again: a hit costs a dict
+# lookup instead of a run, which is a few hundred microseconds once the model's weights have left
+# the CPU's cache between requests. A score depends on the text only, so a hit is exact.
+CACHED_TEXTS = 2048
+CACHED_CHARS = 2048
 
 
 class ModelLoadError(RuntimeError):
@@ -75,6 +87,15 @@ class DifficultyScorer:
         # row of a batch, and then skip that input's n-gram work.
         props = session.get_modelmeta().custom_metadata_map
         self._broadcast = props.get(BROADCAST_KEY) == "1"
+        # functools' C LRU: thread-safe, one per scorer (a reloaded model starts empty). It holds
+        # the scorer weakly: no reference cycle keeps a replaced model's session alive until the
+        # garbage collector runs.
+        scorer = weakref.ref(self)
+        self._cached_score = functools.lru_cache(maxsize=CACHED_TEXTS)(
+            lambda text: _alive(scorer).score_text(text)
+        )
+        # Current models take the numeric features as one input; older ones one input each.
+        self._packed = NUMERIC_INPUT in types
 
     @classmethod
     def load(cls, path: str | Path | None = None, threads: int = 1) -> DifficultyScorer:
@@ -88,12 +109,12 @@ class DifficultyScorer:
             raise ModelLoadError(
                 f"classifier model {model_path}: not a loadable ONNX model ({exc})"
             ) from exc
-        expected = set(MODEL_INPUTS)
         names = {i.name for i in session.get_inputs()}
-        if names != expected:
+        if names not in (set(PACKED_INPUTS), set(MODEL_INPUTS)):
             raise ModelLoadError(
                 f"classifier model {model_path}: inputs {sorted(names)} do not match this "
-                f"code's features {sorted(expected)}"
+                f"code's features {sorted(PACKED_INPUTS)} (or, exported before, "
+                f"{sorted(MODEL_INPUTS)})"
             )
         scorer = cls(session, model_path, _metadata(model_path))
         try:
@@ -107,7 +128,14 @@ class DifficultyScorer:
     def score_request(self, body: Mapping[str, Any], context_turns: int | None = None) -> float:
         """Score one OpenAI chat (`messages`) or completions (`prompt`) body."""
         turns = self.context_turns if context_turns is None else context_turns
-        return float(self.score_texts([request_text(body, turns)])[0])
+        text = request_text(body, turns)
+        return self._cached_score(text) if len(text) <= CACHED_CHARS else self.score_text(text)
+
+    def score_text(self, text: str | bytes) -> float:
+        """The score of one text: score_texts([text])[0] without the batch bookkeeping."""
+        clean = clean_text(text)
+        feed = self._feed([clean], [is_multiple_choice(clean)])
+        return float(self._scores(self._predict(feed))[0])
 
     def score_texts(self, texts: Sequence[str | bytes], overlap: bool | None = None) -> np.ndarray:
         """Scores in [0, 1] for raw prompt texts, in order (float64 array).
@@ -140,7 +168,9 @@ class DifficultyScorer:
         return scores
 
     def _feed(self, cleans: Sequence[str], kinds: Sequence[bool]) -> dict[str, np.ndarray]:
-        return model_feed(cleans, kinds, ids=self._ids, one_row_if_empty=self._broadcast)
+        return model_feed(
+            cleans, kinds, ids=self._ids, one_row_if_empty=self._broadcast, packed=self._packed
+        )
 
     def _predict(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         return self._session.run([self._output], feed)[0]
@@ -153,6 +183,13 @@ class DifficultyScorer:
             )
         # float32 probabilities can sum to 1 + 1e-7; traces require scores within [0, 1].
         return np.minimum(np.maximum(probabilities @ self._class_values, 0.0), 1.0)
+
+
+def _alive(ref: weakref.ref[DifficultyScorer]) -> DifficultyScorer:
+    scorer = ref()
+    if scorer is None:  # only reachable through a scorer, so never while it is unused
+        raise RuntimeError("classifier scorer was garbage-collected")
+    return scorer
 
 
 def _chunks(cleans: Sequence[str], kinds: Sequence[bool]) -> list[np.ndarray]:

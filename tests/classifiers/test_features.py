@@ -10,7 +10,9 @@ import numpy as np
 from classifiers.dataset import load_dataset, routellm_data_dir
 from classifiers.features import (
     HEAD_CHARS,
+    NUMERIC_INPUT,
     NUMERIC_INPUTS,
+    PACKED_INPUTS,
     PAD_ID,
     TAIL_CHARS,
     TEXT_INPUTS,
@@ -200,6 +202,16 @@ def test_model_feed_matches_model_inputs() -> None:
     assert narrow["mc_text"].shape[0] == len(mc_only)
     strings = model_feed(cleans[:3], kinds[:3], ids=False)
     assert strings["mc_text"].shape == (3, 1) and strings["mc_text"].dtype == object
+    # Packed (current exports): the same values as one [rows, features] input, for a batch and
+    # for one row (each built its own way).
+    for rows in (slice(None), slice(0, 1), slice(-1, None)):
+        packed = model_feed(cleans[rows], kinds[rows], packed=True)
+        per_input = model_feed(cleans[rows], kinds[rows])
+        assert set(packed) == set(PACKED_INPUTS)
+        numeric = packed[NUMERIC_INPUT]
+        assert numeric.dtype == np.float32 and numeric.flags.c_contiguous
+        expected = np.hstack([per_input[name] for name in NUMERIC_INPUTS])
+        assert np.array_equal(numeric, expected)
 
 
 def test_answer_suffix_check_equals_lowercasing_everything() -> None:

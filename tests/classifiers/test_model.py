@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +17,26 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 
 from classifiers.dataset import load_dataset, routellm_data_dir
-from classifiers.export import export
-from classifiers.features import BROADCAST_KEY, NUMERIC_INPUTS, clean_text, is_multiple_choice
-from classifiers.inference import BATCH_CELLS, BATCH_ROWS, DifficultyScorer, ModelLoadError, _chunks
+from classifiers.export import export, lean_model
+from classifiers.features import (
+    BROADCAST_KEY,
+    MODEL_INPUTS,
+    NUMERIC_INPUTS,
+    PACKED_INPUTS,
+    clean_text,
+    is_multiple_choice,
+)
+from classifiers.inference import (
+    BATCH_CELLS,
+    BATCH_ROWS,
+    CACHED_CHARS,
+    DifficultyScorer,
+    ModelLoadError,
+    _chunks,
+)
+from classifiers.model_files import ModelFiles
 from classifiers.train import WORD_PATTERN, TrainConfig, fit, frame, predict_scores
+from trace_format.request_text import request_text
 
 DATA = routellm_data_dir()
 ODD_TEXTS = [
@@ -82,6 +100,50 @@ def test_export_is_the_lean_graph(trained: tuple) -> None:
     assert not {"LinearClassifier", "Normalizer"} & {n.op_type for n in nodes}
     props = {p.key: p.value for p in model.metadata_props}
     assert props[BROADCAST_KEY] == "1"
+    # The numeric features are one input (onnxruntime's cost per input dominated a one-prompt
+    # run with one input each).
+    assert [i.name for i in model.graph.input] == list(PACKED_INPUTS)
+
+
+def test_former_lean_graph_with_one_input_per_feature_still_scores(
+    trained: tuple, tmp_path: Path
+) -> None:
+    # Models exported before the numeric features were packed (e.g. a shipped model of an older
+    # release) take one input per feature: they load and score the same.
+    pipeline, path, prompts = trained
+    former = tmp_path / "former.onnx"
+    former.write_bytes(lean_model(pipeline, packed=False).SerializeToString())
+    assert {i.name for i in onnx.load(former).graph.input} == set(MODEL_INPUTS)
+    shutil.copy(ModelFiles(path).card, ModelFiles(former).card)
+    old, new = DifficultyScorer.load(former), DifficultyScorer.load(path)
+    assert np.abs(old.score_texts(prompts) - new.score_texts(prompts)).max() <= 1e-6
+    body = {"messages": [{"role": "user", "content": prompts[0]}]}
+    assert old.score_request(body) == pytest.approx(new.score_request(body), abs=1e-6)
+
+
+def test_score_request_caches_repeated_texts_exactly(trained: tuple) -> None:
+    _pipeline, path, prompts = trained
+    scorer = DifficultyScorer.load(path)
+    bodies = [{"messages": [{"role": "user", "content": p}]} for p in prompts[:40]]
+    first = [scorer.score_request(b) for b in bodies]
+    before = scorer._cached_score.cache_info()
+    again = [scorer.score_request(b) for b in bodies]
+    after = scorer._cached_score.cache_info()
+    # A repeat is a hit and returns exactly the score of a fresh run (and of a batch).
+    assert again == first
+    cached = [len(request_text(b)) <= CACHED_CHARS for b in bodies]
+    assert after.hits - before.hits == sum(cached) > 30
+    batch = scorer.score_texts([request_text(b) for b in bodies])
+    assert np.abs(np.array(first) - batch).max() <= 1e-6
+    # A long text is scored every time, never held: the cache's memory stays bounded.
+    long_body = {"prompt": "word " * CACHED_CHARS}
+    size = scorer._cached_score.cache_info().currsize
+    assert scorer.score_request(long_body) == scorer.score_texts([long_body["prompt"]])[0]
+    assert scorer._cached_score.cache_info().currsize == size
+    # The cache holds its scorer weakly: a replaced model is freed at once, without a GC cycle.
+    held = weakref.ref(scorer)
+    del scorer
+    assert held() is None
 
 
 def test_unsupported_pipeline_is_refused(tmp_path: Path) -> None:

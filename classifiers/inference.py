@@ -131,6 +131,14 @@ class DifficultyScorer:
         text = request_text(body, turns)
         return self._cached_score(text) if len(text) <= CACHED_CHARS else self.score_text(text)
 
+    def score_requests(
+        self, bodies: Sequence[Mapping[str, Any]], context_turns: int | None = None
+    ) -> np.ndarray:
+        """score_request of each body, in one onnxruntime call (the proxy's batched scoring
+        step, router/proxy/score_batch.py): each score equals the one its body gets alone."""
+        turns = self.context_turns if context_turns is None else context_turns
+        return self.score_texts([request_text(b, turns) for b in bodies], overlap=False)
+
     def score_text(self, text: str | bytes) -> float:
         """The score of one text: score_texts([text])[0] without the batch bookkeeping."""
         clean = clean_text(text)

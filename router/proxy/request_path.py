@@ -422,7 +422,7 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
         return
     t0 = time.perf_counter()
     scorer = state.scorer_for(call.selection.policy_name)  # a canary policy has its own model
-    call.score = scorer.score_request(body, limits.context_turns)
+    call.score = await state.score_batch.score(scorer, body, limits.context_turns)
     state.metrics.classifier_seconds.observe(time.perf_counter() - t0)
     ctx = RoutingContext(
         score=call.score,

@@ -30,6 +30,7 @@ from router.observability.telemetry_config import CallTracer
 from router.observability.trace_sink import TraceSink
 from router.proxy.budget_gate import BudgetGate
 from router.proxy.limiter import TierLimiter
+from router.proxy.score_batch import ScoreBatcher
 from router.proxy.scorers import Scorer, Scorers
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class RouterState:
     balanced: dict[str, DeploymentSet] = field(default_factory=dict)
     # Conversations' state, next to the budgets (policies/sessions/; kept across reloads).
     sessions: SessionStore = field(default_factory=MemorySessionStore)
+    score_batch: ScoreBatcher = field(default_factory=ScoreBatcher)  # the scoring step
     # Settle-and-trace work that outlives its response; awaited on shutdown.
     pending: set[asyncio.Task[None]] = field(default_factory=set)
 

@@ -12,6 +12,7 @@ from router.commands.backends import backends_app
 from router.commands.budget import budget_app, keys_app
 from router.commands.classifier import classifier_app
 from router.commands.config_reference import register_config_reference
+from router.commands.distill import distill_app
 from router.commands.drift import drift_app
 from router.commands.grades import grades_app
 from router.commands.levers import levers_app
@@ -42,6 +43,11 @@ app.add_typer(
     levers_app,
     name="levers",
     help="Measure quantization, distillation and speculative decoding on real prompts.",
+)
+app.add_typer(
+    distill_app,
+    name="distill",
+    help="Distil a small student tier from the answers a large tier gave (docs/levers.md).",
 )
 register_serve(app)
 register_config_reference(config_app)

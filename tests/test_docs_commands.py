@@ -23,9 +23,9 @@ the same parse-only way (sub-commands and flags exist; `a|b` alternatives each),
 The README's first two commands cannot run inside the test suite: `make test` runs this very
 suite, and `make demo` builds llama-cpp-python (minutes) and serves until Ctrl-C (the embedded
 demo itself is tests/router/server/test_demo.py). They are checked structurally: the Makefile
-targets exist, the venv they depend on installs `.[dev,demo]`, `demo` runs `cost-router serve` from
-it, and `test` starts Redis and runs `ruff check .`, `ruff format --check .`, `lint-imports` and
-pytest.
+targets exist, the venv they depend on installs `.[dev,demo,distill]`, `demo` runs
+`cost-router serve` from it, and `test` starts Redis and runs `ruff check .`,
+`ruff format --check .`, `lint-imports` and pytest.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def test_readme_first_commands_are_make_demo_and_make_test() -> None:
         return m.group(1), m.group(2)
 
     stamp_deps, stamp = recipe("$(STAMP)")
-    assert "pyproject.toml" in stamp_deps and "-e '.[dev,demo]'" in stamp
+    assert "pyproject.toml" in stamp_deps and "-e '.[dev,demo,distill]'" in stamp
     demo_deps, demo = recipe("demo")
     assert "$(STAMP)" in demo_deps and "$(BIN)/cost-router serve" in demo
     test_deps, test = recipe("test")

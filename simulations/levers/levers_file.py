@@ -134,7 +134,14 @@ def apply_levers(levers: Levers, path: Path) -> tuple[Levers, list[str]]:
         out = replace(out, **{field: value})
         notes.append(f"{label} {value:.3g} [measured: {tier} vs {ref}, {path.name}]")
 
-    take("quantization", "speed", "quant_speed", "quantized small speed x")
+    # One what-if lever for both: a distilled student is named as such in the notes.
+    section = doc.get("quantization")
+    kind = (
+        "distilled"
+        if isinstance(section, dict) and section.get("lever") == "distillation"
+        else "quantized"
+    )
+    take("quantization", "speed", "quant_speed", f"{kind} small speed x")
     delta = _get(doc, path, "quantization", "quality_delta", low=-1.0)
     if delta is not None:
         # Points, not the ratio: the trial's reference is usually another model than the
@@ -142,12 +149,12 @@ def apply_levers(levers: Levers, path: Path) -> tuple[Levers, list[str]]:
         out = replace(out, quant_quality_delta=delta)
         tier = doc["quantization"].get("tier")
         notes.append(
-            f"quantized small quality {delta * 100:+.1f} points [measured: {tier} vs "
+            f"{kind} small quality {delta * 100:+.1f} points [measured: {tier} vs "
             f"{ref}, {path.name}; added to each small-tier outcome]"
         )
     else:
-        take("quantization", "quality", "quant_quality", "quantized small quality x")
-    take("quantization", "cost", "quant_cost", "quantized small price x")
+        take("quantization", "quality", "quant_quality", f"{kind} small quality x")
+    take("quantization", "cost", "quant_cost", f"{kind} small price x")
     take("speculative", "acceptance", "spec_acceptance", "spec acceptance")
     speedup = _get(doc, path, "speculative", "speedup")
     if speedup is not None and speedup > 0:

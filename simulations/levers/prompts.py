@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from classifiers.dataset import DatasetError, RoutingDataset, load_dataset
+from trace_format.jsonl import read_objects
+from trace_format.reader import data_files, is_trace_file
 
 
 class NoPromptsError(DatasetError):
@@ -38,6 +40,22 @@ def _reference(ds: RoutingDataset, i: int) -> str | None:
     return None
 
 
+def _trace_references(paths: Iterable[Path]) -> dict[str, str]:
+    """`metadata.reference_answer` of each trace record that has one, by request id."""
+    out: dict[str, str] = {}
+    for path in paths:
+        for f in data_files(path):
+            if not is_trace_file(f):
+                continue
+            for rec in read_objects(f):
+                meta, rid = rec.get("metadata"), rec.get("id")
+                ref = meta.get("reference_answer") if isinstance(meta, dict) else None
+                usable = isinstance(ref, str | int | float) and not isinstance(ref, bool)
+                if isinstance(rid, str) and usable and str(ref).strip():
+                    out[rid] = str(ref)
+    return out
+
+
 def load_prompts(
     paths: Iterable[str | Path], n: int | None = None, seed: int = 0
 ) -> list[TrialPrompt]:
@@ -55,6 +73,13 @@ def load_prompts(
         )
     order = np.random.default_rng(seed).permutation(len(keep))
     chosen = sorted(keep[j] for j in (order if n is None else order[:n]))
+    traced = _trace_references(paths)
     return [
-        TrialPrompt(ds.ids[i], ds.prompts[i], _reference(ds, i), str(ds.source[i])) for i in chosen
+        TrialPrompt(
+            ds.ids[i],
+            ds.prompts[i],
+            _reference(ds, i) or traced.get(ds.ids[i]),
+            str(ds.source[i]),
+        )
+        for i in chosen
     ]

@@ -62,9 +62,10 @@ def _load(
 # two cores (5 folds one at a time, the thorough setting of earlier versions, made
 # `--with-default-data` run about 23 minutes on 2 cores, silently).
 DEFAULT_FOLDS = 3
-# CPU cost of one model fit (two-stage fit and source prior), per 1,000 training rows: 232 s for
-# the shipped data's 10,685 rows on the 2-core development machine (docs/learning.md).
-FIT_SECONDS_PER_1K_ROWS = 22.0
+# Wall time of one model fit (two-stage fit and source prior), per 1,000 training rows, two fits
+# at once on the 2-core development machine: 107 s for 10,651 rows (docs/learning.md; 22 s before
+# the source prior's cross-fitting went to 3 folds at tolerance 1e-3).
+FIT_SECONDS_PER_1K_ROWS = 10.0
 
 
 def training_plan(own: RoutingDataset, base: RoutingDataset | None, folds: int, jobs: int) -> str:

@@ -38,7 +38,7 @@ class RouterMetrics:
         )
         self.classifier_seconds = Histogram(
             "cost_router_classifier_seconds",
-            "Time to score one request",
+            "Time to score one request (the batched scoring step: its wait for the batch included)",
             buckets=CLASSIFIER_BUCKETS,
             registry=r,
         )

@@ -24,7 +24,7 @@ import orjson
 from backends.base import Usage
 from backends.usage import MALFORMED, messages_usage_json, read_messages_usage
 from router.proxy.native_relay import NativeMeter, decoded, forwarded
-from router.proxy.stream_relay import UPSTREAM_ERROR, UPSTREAM_TRUNCATED
+from router.proxy.stream_relay import UPSTREAM_ERROR, UPSTREAM_TRUNCATED, broken_stream_message
 
 HELD = ("message_delta", "message_stop")
 
@@ -66,12 +66,7 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 def error_event(code: str, request_id: str) -> bytes:
-    what = (
-        "the upstream ended the stream before it was complete"
-        if code == UPSTREAM_TRUNCATED
-        else "the upstream failed mid-stream"
-    )
-    message = f"{what}; the answer is incomplete (request {request_id})"
+    message = broken_stream_message(code, request_id)
     return _sse("error", {"type": "error", "error": {"type": "api_error", "message": message}})
 
 

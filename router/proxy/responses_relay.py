@@ -26,7 +26,7 @@ from backends.base import Usage
 from backends.usage import MALFORMED, read_responses_usage
 from router.apis.responses import usage_object
 from router.proxy.native_relay import NativeMeter, decoded, forwarded
-from router.proxy.stream_relay import UPSTREAM_ERROR, UPSTREAM_TRUNCATED
+from router.proxy.stream_relay import UPSTREAM_ERROR, UPSTREAM_TRUNCATED, broken_stream_message
 
 LAST = ("response.completed", "response.incomplete")
 FAILED = ("error", "response.failed")
@@ -62,12 +62,7 @@ def _sse(data: dict[str, Any]) -> bytes:
 def error_event(code: str, meter: ResponsesMeter) -> bytes:
     """The client's view of a stream that broke off: the error class and the request id only
     (OpenAI's `error` event; the stream ends there, with no response.completed)."""
-    what = (
-        "the upstream ended the stream before it was complete"
-        if code == UPSTREAM_TRUNCATED
-        else "the upstream failed mid-stream"
-    )
-    message = f"{what}; the answer is incomplete (request {meter.request_id})"
+    message = broken_stream_message(code, meter.request_id)
     event = {"type": "error", "code": code, "message": message, "param": None}
     return _sse({**event, "sequence_number": meter.sequence})
 

@@ -200,14 +200,20 @@ def _data_of(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-def error_event(code: str, request_id: str) -> bytes:
-    """The client's view of a stream that broke off: the error class and the request id only."""
+def broken_stream_message(code: str, request_id: str) -> str:
+    """What the client is told of a stream that broke off, in every API's error event: the error
+    class and the request id only, never the upstream's internals."""
     what = (
         "the upstream ended the stream before it was complete"
         if code == UPSTREAM_TRUNCATED
         else "the upstream failed mid-stream"
     )
-    message = f"{what}; the answer is incomplete (request {request_id})"
+    return f"{what}; the answer is incomplete (request {request_id})"
+
+
+def error_event(code: str, request_id: str) -> bytes:
+    """The client's view of a stream that broke off: the error class and the request id only."""
+    message = broken_stream_message(code, request_id)
     body = {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
     return b"data: " + orjson.dumps(body) + b"\n\n"
 

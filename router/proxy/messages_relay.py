@@ -14,7 +14,6 @@ the error class and the request id, never upstream internals, and no `message_st
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +22,8 @@ import orjson
 
 from backends.base import Usage
 from backends.usage import MALFORMED, messages_usage_json, read_messages_usage
-from router.proxy.native_relay import NativeMeter, decoded, forwarded
-from router.proxy.stream_relay import UPSTREAM_ERROR, UPSTREAM_TRUNCATED, broken_stream_message
+from router.proxy.native_relay import NativeMeter, decoded, relay_native
+from router.proxy.stream_relay import UPSTREAM_ERROR, broken_stream_message
 
 HELD = ("message_delta", "message_stop")
 
@@ -90,23 +89,28 @@ def _forward(event: bytes, meter: MessagesMeter) -> bool:
     return True
 
 
-async def relay_messages(
+def relay_messages(
     first: bytes,
     rest: AsyncIterator[bytes],
     meter: MessagesMeter,
     cost_of: Callable[[Usage], float],
 ) -> AsyncIterator[tuple[bytes, bool]]:
     """Yield (client bytes, is the last part), as stream_relay.relay does."""
-    async for part in forwarded(first, rest, meter, lambda e: _forward(e, meter)):
-        yield part, False
-    usage = await asyncio.to_thread(meter.final_usage)  # our own count may take a while
-    if meter.error or not meter.done:
-        yield error_event(meter.error or UPSTREAM_TRUNCATED, meter.request_id), True
-        return
-    delta = meter.held.get("message_delta") or {
-        "type": "message_delta",
-        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-    }
-    delta = {**delta, "usage": messages_usage_json(usage, cost_usd=round(cost_of(usage), 10))}
-    stop = meter.held.get("message_stop") or {"type": "message_stop"}
-    yield _sse("message_delta", delta) + _sse("message_stop", stop), True
+
+    def ended(usage: Usage) -> bytes:
+        delta = meter.held.get("message_delta") or {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        }
+        charged = messages_usage_json(usage, cost_usd=round(cost_of(usage), 10))
+        stop = meter.held.get("message_stop") or {"type": "message_stop"}
+        return _sse("message_delta", {**delta, "usage": charged}) + _sse("message_stop", stop)
+
+    return relay_native(
+        first,
+        rest,
+        meter,
+        lambda e: _forward(e, meter),
+        ended,
+        lambda code: error_event(code, meter.request_id),
+    )

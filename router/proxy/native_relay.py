@@ -10,6 +10,7 @@ router/proxy/responses_relay.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -154,3 +155,27 @@ async def forwarded(
                 return
     except (UpstreamError, UpstreamClientError) as exc:
         meter.fail(UPSTREAM_ERROR, f"failed mid-stream: {exc}")
+
+
+def relay_native(
+    first: bytes,
+    rest: AsyncIterator[bytes],
+    meter: NativeMeter,
+    forward: Callable[[bytes], bool],
+    ended: Callable[[Usage], bytes],
+    failed: Callable[[str], bytes],
+) -> AsyncIterator[tuple[bytes, bool]]:
+    """Yield (client bytes, is the last part), as stream_relay.relay does: the events `forward`
+    sends on, as they arrive; then the API's end carrying the charged usage (`ended`), or, for a
+    stream that broke off, the API's error event (`failed`, given the error code)."""
+
+    async def parts() -> AsyncIterator[tuple[bytes, bool]]:
+        async for part in forwarded(first, rest, meter, forward):
+            yield part, False
+        usage = await asyncio.to_thread(meter.final_usage)  # our own count may take a while
+        if meter.error or not meter.done:
+            yield failed(meter.error or UPSTREAM_TRUNCATED), True
+            return
+        yield ended(usage), True
+
+    return parts()

@@ -15,7 +15,6 @@ internals, and no `response.completed`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,8 @@ import orjson
 from backends.base import Usage
 from backends.usage import MALFORMED, read_responses_usage
 from router.apis.responses import usage_object
-from router.proxy.native_relay import NativeMeter, decoded, forwarded
-from router.proxy.stream_relay import UPSTREAM_ERROR, UPSTREAM_TRUNCATED, broken_stream_message
+from router.proxy.native_relay import NativeMeter, decoded, relay_native
+from router.proxy.stream_relay import UPSTREAM_ERROR, broken_stream_message
 
 LAST = ("response.completed", "response.incomplete")
 FAILED = ("error", "response.failed")
@@ -83,20 +82,25 @@ def _forward(event: bytes, meter: ResponsesMeter) -> bool:
     return not meter.done
 
 
-async def relay_responses(
+def relay_responses(
     first: bytes,
     rest: AsyncIterator[bytes],
     meter: ResponsesMeter,
     cost_of: Callable[[Usage], float],
 ) -> AsyncIterator[tuple[bytes, bool]]:
     """Yield (client bytes, is the last part), as stream_relay.relay does."""
-    async for part in forwarded(first, rest, meter, lambda e: _forward(e, meter)):
-        yield part, False
-    usage = await asyncio.to_thread(meter.final_usage)  # our own count may take a while
-    if meter.error or meter.last is None:
-        yield error_event(meter.error or UPSTREAM_TRUNCATED, meter), True
-        return
-    last = meter.last
-    response = last.get("response") if isinstance(last.get("response"), dict) else {}
-    charged = usage_object(usage, cost_of(usage))
-    yield _sse({**last, "response": {**response, "usage": charged}}), True
+
+    def ended(usage: Usage) -> bytes:
+        last = meter.last or {}  # set with `done`: relay_native calls this only then
+        response = last.get("response") if isinstance(last.get("response"), dict) else {}
+        charged = usage_object(usage, cost_of(usage))
+        return _sse({**last, "response": {**response, "usage": charged}})
+
+    return relay_native(
+        first,
+        rest,
+        meter,
+        lambda e: _forward(e, meter),
+        ended,
+        lambda code: error_event(code, meter),
+    )

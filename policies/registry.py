@@ -27,6 +27,7 @@ from policies.spec import (
     card_threshold,
     tiers_by_price,
 )
+from policies.workflow import Workflow, build_workflows
 from trace_format.config_base import ConfigError
 
 # PolicyEnv and tiers_by_price live in policies/spec.py; callers of build_policies get them here.
@@ -37,6 +38,7 @@ __all__ = [
     "default_policy",
     "parse_params",
     "session_settings",
+    "workflow_settings",
     "tiers_by_price",
     "validate_policy_params",
 ]
@@ -110,7 +112,14 @@ def check_routing(
             ref = (pol.model_extra or {}).get(field)
             if isinstance(ref, str) and ref not in tiers:
                 raise ConfigError(f"policies.{name}.{field} names unknown tier {ref!r}")
-    validate_policy_params(policies)
+    for name, pol in policies.items():
+        for i, wf in enumerate(parse_params(name, pol).workflows):
+            for field in ("tier", "teacher"):
+                ref = getattr(wf, field)
+                if ref is not None and ref not in tiers:
+                    raise ConfigError(
+                        f"policies.{name}.workflows.{i}.{field} names unknown tier {ref!r}"
+                    )
 
 
 def default_policy(env: PolicyEnv) -> Policy:
@@ -144,3 +153,16 @@ def session_settings(policies: Mapping[str, PolicyConfig]) -> dict[str, SessionP
         name: parse_params(name, policy).session or DEFAULT_SESSION
         for name, policy in policies.items()
     }
+
+
+def workflow_settings(
+    policies: Mapping[str, PolicyConfig], built: Mapping[str, Policy]
+) -> dict[str, tuple[Workflow, ...]]:
+    """Each configured policy's `workflows:` (only policies that set some), their teacher
+    defaulting to the policy's priciest tier. Raises ConfigError."""
+    out: dict[str, tuple[Workflow, ...]] = {}
+    for name, policy in policies.items():
+        entries = parse_params(name, policy).workflows
+        if entries and name in built:
+            out[name] = build_workflows(entries, name, built[name].tiers()[-1])
+    return out

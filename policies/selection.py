@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from backends.config import TierConfig
 from policies.base import Policy
@@ -22,6 +23,7 @@ from policies.config import ExperimentConfig, KeyConfig, TeamConfig
 from policies.experiments import ExperimentSet, UnitContext
 from policies.keys import key_id_of
 from policies.sessions.config import DEFAULT_SESSION, SessionParams
+from policies.workflow import Workflow, match
 
 ROUTER_PREFIX = "router:"
 
@@ -46,6 +48,7 @@ class Selection:
     arm: str | None = None
     unit: str | None = None  # the experiment's unit kind and the unit's traced id (Assignment)
     unit_id: str | None = None
+    workflow: Workflow | None = None  # the policy's workflow the request matched (route)
 
     @property
     def policy_name(self) -> str | None:
@@ -67,8 +70,10 @@ class PolicySelector:
         keys: Sequence[KeyConfig] = (),
         experiments: Sequence[ExperimentConfig] = (),
         sessions: Mapping[str, SessionParams] | None = None,
+        workflows: Mapping[str, Sequence[Workflow]] | None = None,
     ) -> None:
         self.policies = dict(policies)
+        self.workflows = {name: tuple(w) for name, w in (workflows or {}).items() if w}
         self._sessions = dict(sessions or {})
         self.default_policy = default_policy
         self.experiments = ExperimentSet(experiments)
@@ -88,6 +93,13 @@ class PolicySelector:
     def session(self, policy_name: str | None) -> SessionParams:
         """The policy's `session:` option (the default for one that sets none)."""
         return self._sessions.get(policy_name or "", DEFAULT_SESSION)
+
+    def workflow(
+        self, policy: str | None, team: str | None, body: Mapping[str, Any]
+    ) -> Workflow | None:
+        """The policy's workflow the request belongs to, if any (one dict lookup without)."""
+        mine = self.workflows.get(policy or "")
+        return match(mine, team, policy, body) if mine else None
 
     def select(
         self,

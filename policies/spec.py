@@ -20,6 +20,7 @@ from classifiers.model_files import ModelFiles
 from policies.base import Policy
 from policies.sessions.config import SessionParams
 from policies.target_share import ReferenceTraceError, convert_share, load_reference_scores
+from policies.workflow import WorkflowParams
 from trace_format.config_base import ConfigError
 
 DEFAULT_THRESHOLD = 0.5
@@ -67,6 +68,13 @@ class PolicyParams(BaseModel):
         default=None,
         description="session mode (docs/conversations.md); none = per_request with tool loops "
         "kept on their tier",
+    )
+    # Every type takes it too: a workflow's requests go to its tier, unscored (policies/workflow.py)
+    workflows: list[WorkflowParams] = Field(
+        default_factory=list,
+        description="workflows (teams, `metadata` tags) sent to a tier of their own, e.g. a "
+        "distilled student (docs/levers.md); first match wins; a tier the client names is "
+        "never overridden",
     )
 
 

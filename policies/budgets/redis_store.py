@@ -54,6 +54,7 @@ from policies.budgets.store import (
     BudgetUnavailable,
     Clock,
     Reservation,
+    Reserved,
     ScopeStatus,
     Settlement,
     SpendStanding,
@@ -119,6 +120,20 @@ DURABLE = frozenset({"reserve", "settle"})
 # the command (the cluster client does that to every node's connections on CLUSTERDOWN), and
 # the next try gets a fresh one. `reset` is not: a second run would wipe what came in between.
 RETRIED = frozenset({"reserve", "settle", "release", "renew", "status", "sweep"})
+# Scripts added with `add_reserving` are reserves whose amount a step before them chooses
+# (reserving_script): durable and retried as reserve is. Run twice with the same request id,
+# the reserve in them answers `held` (the pre-step is told, and writes nothing: its contract).
+RESERVING = "reserve:"
+
+
+def _durable(name: str) -> bool:
+    return name in DURABLE or name.startswith(RESERVING)
+
+
+def _retried(name: str) -> bool:
+    return name in RETRIED or name.startswith(RESERVING)
+
+
 RETRIES = 2  # after the client's own one; all within redis_timeout_s of the first try
 RETRY_PAUSE_S = 0.02
 
@@ -134,11 +149,21 @@ class NotReplicated(StoreUnreachable):
     is journaled and re-applied, idempotently, until enough replicas confirm it)."""
 
 
+def _lua(name: str) -> str:
+    return (resources.files(__package__) / f"{name}.lua").read_text(encoding="utf-8")
+
+
 def _script_text(name: str) -> str:
-    pkg = resources.files(__package__)
-    prelude = (pkg / "reclaim.lua").read_text(encoding="utf-8")
-    body = (pkg / f"{name}.lua").read_text(encoding="utf-8")
-    return prelude + "\n" + body if name != "reset" else body
+    if name == "reset":
+        return _lua(name)
+    parts = [_lua("reclaim"), _lua("reserve_fn") if name == "reserve" else "", _lua(name)]
+    return "\n".join(parts)
+
+
+def reserving_script(head: str) -> str:
+    """A script that runs `head` (Lua text), which picks the amount, then the budget reserve of
+    that amount in the same atomic step: what `RedisBudgetStore.reserve_after` runs."""
+    return "\n".join([_lua("reclaim"), _lua("reserve_fn"), head])
 
 
 def connection_options(settings: BudgetsConfig) -> dict[str, Any]:
@@ -204,7 +229,7 @@ class RedisBudgetStore(BudgetStore):
                 if not store_unavailable(exc):
                     raise
                 attempt += 1
-                if name not in RETRIED or attempt > RETRIES or time.monotonic() >= deadline:
+                if not _retried(name) or attempt > RETRIES or time.monotonic() >= deadline:
                     raise StoreUnreachable(f"{name}: {type(exc).__name__}: {exc}") from exc
                 log.info("%s: %s: %s; trying again", name, type(exc).__name__, exc)
             await asyncio.sleep(RETRY_PAUSE_S * attempt)
@@ -217,7 +242,7 @@ class RedisBudgetStore(BudgetStore):
         budgets.redis_wait_replicas, WAIT on the same connection (one pipeline) until that many
         replicas have the write."""
         script = self._scripts[name]
-        if not self.settings.redis_wait_replicas or name not in DURABLE:
+        if not self.settings.redis_wait_replicas or not _durable(name):
             return await script(keys=keys, args=args, client=client)
         pipe = client.pipeline(transaction=False)
         await script(keys=keys, args=args, client=pipe)  # queued; loaded by the pipeline
@@ -235,11 +260,77 @@ class RedisBudgetStore(BudgetStore):
     async def reserve(
         self, scope: BudgetScope, request_id: str, amount_usd: float, tokens: int
     ) -> Reservation:
+        amount = usd_to_nanos(amount_usd)
+        keys, args, minute = self._reserve_call(scope, request_id, amount, tokens)
+        try:
+            reply = await self._eval("reserve", keys, args)
+        except StoreUnreachable as exc:
+            await self._lost_reserve(scope.team, request_id, minute, exc)
+            return self._unreachable_reserve(scope, request_id, amount, tokens, minute, exc)
+        return self._reservation(reply, scope, request_id, amount, tokens, minute)
+
+    def add_reserving(self, name: str, head: str) -> str:
+        """Register a reserve whose amount the Lua `head` chooses (`reserving_script`); returns
+        the name `reserve_after` runs it by. The head runs after the reserve's own KEYS (7) and
+        ARGV; it must leave everything unwritten when the request id is already held."""
+        full = RESERVING + name
+        if full not in self._scripts:
+            self._scripts[full] = self.redis.register_script(reserving_script(head))
+        return full
+
+    async def reserve_after(
+        self,
+        scope: BudgetScope,
+        request_id: str,
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        fallback: tuple[float, int],
+    ) -> Reserved:
+        """One round trip: the script `add_reserving` registered chooses the amount and the
+        reserve takes it, atomically. Its reply is {head's reply, the reserve's reply or
+        {'none'} (the head chose nothing to reserve), amount nanos, tokens}. The store
+        unreachable: as `reserve` (503, or fail_mode open admits `fallback` unchecked, and the
+        head's reply is None)."""
+        amount = usd_to_nanos(fallback[0])
+        own_keys, own_args, minute = self._reserve_call(scope, request_id, amount, fallback[1])
+        try:
+            reply = await self._eval(script, own_keys + keys, own_args + args)
+        except StoreUnreachable as exc:
+            await self._lost_reserve(scope.team, request_id, minute, exc)
+            degraded = self._unreachable_reserve(
+                scope, request_id, amount, fallback[1], minute, exc
+            )
+            return Reserved(None, degraded)
+        head, answer = reply[0], reply[1]
+        if _s(answer[0]) == "none":
+            return Reserved(head, None)
+        chosen, tokens = int(_s(reply[2])), int(_s(reply[3]))
+        try:
+            res = self._reservation(answer, scope, request_id, chosen, tokens, minute)
+        except BudgetExceeded as exc:
+            return Reserved(head, None, exc)
+        return Reserved(head, res)
+
+    async def _lost_reserve(
+        self, team: str, request_id: str, minute: int, exc: StoreUnreachable
+    ) -> None:
+        # The script may have run with only its answer lost, or (NotReplicated) its hold is
+        # one a failover could lose: not used either way, and released so it does not hold
+        # budget for a lease. Now when Redis answered; else by maintenance, once it answers.
+        if isinstance(exc, NotReplicated):
+            await self._release_or_later(team, request_id, minute)
+        else:
+            self._later_release(team, request_id, minute)
+
+    def _reserve_call(
+        self, scope: BudgetScope, request_id: str, amount: int, tokens: int
+    ) -> tuple[list[str], list[Any], int]:
+        """reserve.lua's KEYS and ARGV for `amount` nanos, and the minute they are for."""
         now = self.clock()
         wins = self.windows(now)
         minute, to_next = minute_window(now)
         k = self.keys(scope.team)
-        amount = usd_to_nanos(amount_usd)
         scopes = scope.scope_limits()
         args: list[Any] = [request_id, amount, tokens, int(self.lease_s * 1000), f"{to_next:.3f}"]
         args.append(len(PERIODS))
@@ -250,17 +341,18 @@ class RedisBudgetStore(BudgetStore):
         for name, limit in scopes:
             args += [name, encode_limit(limit)]
         keys = [k.spend, k.reserved, k.res, k.lease, k.limits, k.rate(minute), k.done(minute)]
-        try:
-            reply = await self._eval("reserve", keys, args)
-        except StoreUnreachable as exc:
-            # The script may have run with only its answer lost, or (NotReplicated) its hold is
-            # one a failover could lose: not used either way, and released so it does not hold
-            # budget for a lease. Now when Redis answered; else by maintenance, once it answers.
-            if isinstance(exc, NotReplicated):
-                await self._release_or_later(scope.team, request_id, minute)
-            else:
-                self._later_release(scope.team, request_id, minute)
-            return self._unreachable_reserve(scope, request_id, amount, tokens, minute, exc)
+        return keys, args, minute
+
+    def _reservation(
+        self,
+        reply: Any,
+        scope: BudgetScope,
+        request_id: str,
+        amount: int,
+        tokens: int,
+        minute: int,
+    ) -> Reservation:
+        """reserve.lua's answer: the reservation, or BudgetExceeded."""
         status = _s(reply[0])
         if status == "exceeded":
             name, reason, retry = _s(reply[1]), _s(reply[2]), float(_s(reply[3]))

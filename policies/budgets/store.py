@@ -103,6 +103,18 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class Reserved:
+    """What a reserve whose amount a step before it chose did (RedisBudgetStore.reserve_after):
+    the step's reply (None: the store was unreachable and fail_mode open admitted the fallback
+    amount unchecked), and the reservation of the amount it chose: None when it chose none, or
+    when the budget refused it (`refused`)."""
+
+    head: Any
+    reservation: Reservation | None
+    refused: BudgetExceeded | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Settlement:
     request_id: str
     charged_nanos: int

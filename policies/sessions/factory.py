@@ -12,10 +12,9 @@ from policies.sessions.store import MemorySessionStore, SessionStore
 def session_store(budget_store: Any, prefix: str, clock: Clock = time.time) -> SessionStore:
     """Redis (single or cluster, through the budget store's own client) when the budget store
     holds one, else in process."""
-    client = getattr(budget_store, "redis", None)
-    if client is None:
-        return MemorySessionStore(clock)
+    if getattr(budget_store, "redis", None) is None:
+        return MemorySessionStore(budget_store, clock)
     # Imported here: the embedded default (store: memory) never loads redis-py.
     from policies.sessions.redis import RedisSessionStore
 
-    return RedisSessionStore(client, prefix, clock)
+    return RedisSessionStore(budget_store, prefix, clock)

@@ -221,6 +221,9 @@ class ShadowService:
         policy = call.selection.policy if call.selection is not None else None
         if policy is None:
             return None
+        workflow = call.selection.workflow if call.selection is not None else None
+        if workflow is not None:  # a workflow's answers are compared with its teacher's
+            return workflow.teacher if workflow.teacher != call.tier else None
         tiers = [t for t in policy.tiers() if t in self.tiers]
         if len(tiers) < 2:
             return None

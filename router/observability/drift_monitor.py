@@ -14,7 +14,10 @@ as fresh as the scrape) turns each window into:
   `cost_router_quality_labels`): the routed tier's outcome over the large tier's on the policy's
   most recent labelled requests, from the shadow file (which tier answered, which one shadowed
   it) and the label file (judged pairs; feedback labels of the same requests merge in, later
-  outcomes of a tier replacing earlier ones), both beside the traces and read incrementally.
+  outcomes of a tier replacing earlier ones), both beside the traces and read incrementally;
+- `cost_router_tier_quality_retained{tier, teacher}` (with `_low`/`_high` and
+  `cost_router_tier_quality_labels`): the same per pair of tiers, whatever the policy: a tier's
+  outcome over the tier that shadowed it (a student a workflow routes to, against its teacher).
 
 Rates (fallback, downgrade, refusal) and cost per 1k requests come from the counters by PromQL;
 docs/monitoring.md has the queries.
@@ -166,22 +169,46 @@ class LabelledPairs:
             self.early.popitem(last=False)
 
     def retained(
-        self, name: str, large: str, since: float | None
+        self, name: str, large: str | None, since: float | None
     ) -> tuple[RetainedEstimate | None, int]:
         """Quality retained on the policy's latest `limit` labelled requests (newer than
-        `since`): routed outcome over the large tier's, where both are known; and how many."""
+        `since`): routed outcome over the large tier's, where both are known; and how many.
+        `large` None (a one-tier policy, e.g. a fixed student): over the tier that shadowed
+        each request (the teacher, `evaluation.shadow_tier`), never the routed tier itself."""
         routed, best = [], []
         for item in reversed(self.by_id.values()):
             if len(routed) >= self.limit or (since is not None and item.time < since):
                 break
-            if item.policy != name or large not in (item.primary, item.shadow):
+            ref = item.shadow if large is None else large
+            if item.policy != name or ref not in (item.primary, item.shadow):
                 continue
-            if item.primary in item.outcomes and large in item.outcomes:
+            if item.primary in item.outcomes and ref in item.outcomes:
                 routed.append(item.outcomes[item.primary])
-                best.append(item.outcomes[large])
+                best.append(item.outcomes[ref])
         acc = RetainedAccumulator()
         acc.add(np.asarray(routed), np.asarray(best))
         return acc.estimate(), len(routed)
+
+    def by_tier(self, since: float | None) -> dict[tuple[str, str], RetainedEstimate | None]:
+        """Per (tier that answered, tier that shadowed it), whatever the policy: quality
+        retained on the latest `limit` labelled pairs (newer than `since`). A student a
+        workflow routes to is watched against its teacher this way, like any tier."""
+        pairs: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+        for item in reversed(self.by_id.values()):
+            if since is not None and item.time < since:
+                break
+            if item.primary not in item.outcomes or item.shadow not in item.outcomes:
+                continue
+            routed, best = pairs.setdefault((item.primary, item.shadow), ([], []))
+            if len(routed) < self.limit:
+                routed.append(item.outcomes[item.primary])
+                best.append(item.outcomes[item.shadow])
+        out = {}
+        for pair, (routed, best) in pairs.items():
+            acc = RetainedAccumulator()
+            acc.add(np.asarray(routed), np.asarray(best))
+            out[pair] = acc.estimate()
+        return out
 
 
 class DriftMonitor:
@@ -250,6 +277,8 @@ class DriftMonitor:
         if self.quality is not None and time.monotonic() - self._polled >= self.QUALITY_POLL_S:
             self._polled = time.monotonic()
             await asyncio.to_thread(self.quality.poll)
+        if self.quality is not None and self.settings.enabled:
+            self._tier_quality(now)
         for name, policy in policies.items():
             if self.quality is not None and self.settings.enabled:
                 self._quality(name, policy, now)
@@ -277,13 +306,26 @@ class DriftMonitor:
     def _quality(self, name: str, policy: Policy, now: float) -> None:
         assert self.quality is not None
         since = now - self.settings.window_s if self.settings.window_s else None
-        est, labels = self.quality.retained(name, large_tier(policy), since)
+        large = large_tier(policy) if len(policy.tiers()) > 1 else None
+        est, labels = self.quality.retained(name, large, since)
         m = self.metrics
         m.quality_labels.labels(name).set(labels)
         if est is not None:
             m.quality_retained.labels(name).set(est.value)
             m.quality_retained_low.labels(name).set(est.low)
             m.quality_retained_high.labels(name).set(est.high)
+
+    def _tier_quality(self, now: float) -> None:
+        assert self.quality is not None
+        since = now - self.settings.window_s if self.settings.window_s else None
+        m = self.metrics
+        for (tier, teacher), est in self.quality.by_tier(since).items():
+            if est is None:
+                continue
+            m.tier_quality_retained.labels(tier, teacher).set(est.value)
+            m.tier_quality_retained_low.labels(tier, teacher).set(est.low)
+            m.tier_quality_retained_high.labels(tier, teacher).set(est.high)
+            m.tier_quality_labels.labels(tier, teacher).set(est.n)
 
     def reference(self, policy: PolicyConfig | None) -> ScoreReference | None:
         """The reference distribution a policy is measured against (simulations/drift_basis.py:

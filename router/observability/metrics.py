@@ -192,6 +192,32 @@ class RouterMetrics:
             ["policy"],
             registry=r,
         )
+        # The same per (tier that answered, tier that shadowed it): a student against its teacher.
+        self.tier_quality_retained = Gauge(
+            "cost_router_tier_quality_retained",
+            "A tier's quality relative to the tier that shadowed it (e.g. a student against its "
+            "teacher), from judged shadow pairs and feedback",
+            ["tier", "teacher"],
+            registry=r,
+        )
+        self.tier_quality_retained_low = Gauge(
+            "cost_router_tier_quality_retained_low",
+            "Lower end of the tier's quality retained's 95% interval",
+            ["tier", "teacher"],
+            registry=r,
+        )
+        self.tier_quality_retained_high = Gauge(
+            "cost_router_tier_quality_retained_high",
+            "Upper end of the tier's quality retained's 95% interval",
+            ["tier", "teacher"],
+            registry=r,
+        )
+        self.tier_quality_labels = Gauge(
+            "cost_router_tier_quality_labels",
+            "Labelled shadow pairs the tier's quality retained rests on",
+            ["tier", "teacher"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "cost_router_inflight", "Upstream requests in flight", ["tier"], registry=r
         )

@@ -4,7 +4,9 @@ A request reserves the worst case it could cost on the priciest tier it may reac
 tier and that tier's fallbacks), so a fallback never charges more than was reserved. When that
 does not fit, pricier fallbacks are dropped, then (budgets.downgrade) a cheaper tier of the policy
 is tried: the request is "downgraded". Settling charges the actual cost from the upstream's
-usage; a request that produced nothing releases.
+usage; a request that produced nothing releases. A request whose session still has to choose its
+tier reserves in the same round trip as the session's step (`ride`), and `reserve` goes on from
+what that did.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ from policies.budgets.scopes import BudgetScope, ScopeLimits
 from policies.budgets.store import BudgetExceeded, BudgetStore, BudgetUnavailable, SpendStanding
 from policies.config import BudgetsConfig, KeyConfig, TeamConfig
 from policies.keys import Identity
+from policies.sessions.store import ReserveOptions, StepReserved
 from router.http.errors import RouterError
 from router.proxy.usage_guard import UsageBound
 
@@ -183,20 +186,29 @@ class BudgetGate:
         *,
         endpoint: str,
         bound_from: str | None = None,
+        first: StepReserved | None = None,
     ) -> Admission:
         """Reserve the worst case of the first option that fits: the chain as chosen, then the
         chain without fallbacks pricier than its first tier, then (budgets.downgrade) each
         cheaper tier, priciest first. Nothing fits -> 429 `budget_exceeded`, with Retry-After
         only when waiting can help (`_spend_refusal`).
         `body` is what `bound_body` returned for `endpoint`; `bound_from` is `bound_source` of
-        the body before that (bound_body may have added the default), None when they are one."""
+        the body before that (bound_body may have added the default), None when they are one.
+        `first`: what `ride` did, which was this chain's first option (`tiers` is the chain of
+        the tier the session chose)."""
         scope = self.scope(identity)
-        if len(self._seen_teams) < 10_000:
-            self._seen_teams.add(identity.team)
+        self._seen(identity)
         # The last option tried is the cheapest: whether waiting helps is decided by it.
         last_refusal: tuple[BudgetExceeded, WorstCase] | None = None
         for option, downgraded in self._options(body, endpoint, tiers, cheaper or []):
-            worst = max((self._worst(body, endpoint, t) for t in option), key=lambda c: c.nanos)
+            worst = self._first_option(body, endpoint, option)
+            if first is not None:  # this first option was tried already, by the ride
+                done, first = first, None
+                if done.reservation is not None:
+                    return Admission(option, downgraded, done.reservation.amount_nanos)
+                if done.refused is not None:
+                    last_refusal = (done.refused, worst)
+                    continue
             try:
                 await self.store.reserve(scope, request_id, worst.usd, worst.tokens)
             except BudgetExceeded as exc:
@@ -209,6 +221,43 @@ class BudgetGate:
             return Admission(option, downgraded, worst.nanos)
         assert last_refusal is not None
         raise _refusal(*last_refusal, bound_from or self.bound_source(body, endpoint))
+
+    async def ride(
+        self,
+        identity: Identity,
+        body: dict[str, Any],
+        chains: Mapping[str, list[TierConfig] | None],
+        step: Callable[[BudgetScope, ReserveOptions], Awaitable[StepReserved]],
+        *,
+        endpoint: str,
+    ) -> StepReserved:
+        """The request's first reserve, made in one round trip with a step that chooses its tier
+        first (a session's). `chains`: the chain of each tier the step may choose (None: the
+        request cannot go there); each reserves its first option's worst case, exactly what
+        `reserve` would try first for that chain, so `reserve(first=...)` goes on from it. A
+        rate-limit refusal is final (no cheaper tier helps), as in `reserve`."""
+        self._seen(identity)
+        options: dict[str, tuple[float, int] | None] = {}
+        for tier, chain in chains.items():
+            worst = None if chain is None else self._first_option(body, endpoint, chain)
+            options[tier] = None if worst is None else (worst.usd, worst.tokens)
+        try:
+            done = await step(self.scope(identity), options)
+        except BudgetUnavailable as exc:
+            raise RouterError(503, "budget_unavailable", str(exc)) from None
+        if done.refused is not None and done.refused.reason != "budget":
+            raise _refusal(done.refused)
+        return done
+
+    def _seen(self, identity: Identity) -> None:
+        if len(self._seen_teams) < 10_000:
+            self._seen_teams.add(identity.team)
+
+    def _first_option(
+        self, body: dict[str, Any], endpoint: str, option: list[TierConfig]
+    ) -> WorstCase:
+        """What an option (a chain of tiers) reserves: its priciest tier's worst case."""
+        return max((self._worst(body, endpoint, t) for t in option), key=lambda c: c.nanos)
 
     def bound_source(self, body: dict[str, Any], endpoint: str) -> str:
         """Where the completion bound reserved for `body` (as the client sent it) comes from,

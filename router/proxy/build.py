@@ -27,7 +27,7 @@ from policies.budgets.metrics import BudgetGauges
 from policies.budgets.store import BudgetStore
 from policies.calibration import calibration_store, carry_calibration
 from policies.keys import KeyRing, KeyStore
-from policies.registry import build_policies, session_settings
+from policies.registry import build_policies, session_settings, workflow_settings
 from policies.selection import PolicySelector
 from policies.sessions.factory import session_store
 from router.config import RouterConfig
@@ -46,14 +46,16 @@ from trace_format.config_base import ConfigError
 
 def build_selector(config: RouterConfig) -> PolicySelector:
     """The config's policies, built, with the routing sections that choose among them."""
+    built = build_policies(config.policies, config.policy_env())
     return PolicySelector(
-        build_policies(config.policies, config.policy_env()),
+        built,
         config.default_policy,
         tiers=config.tiers,
         teams=config.teams,
         keys=config.keys,
         experiments=config.experiments,
         sessions=session_settings(config.policies),
+        workflows=workflow_settings(config.policies, built),
     )
 
 

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -26,12 +26,13 @@ from backends.config import TierConfig
 from backends.deployments import DeploymentsBusy
 from backends.json_limits import MAX_JSON_DEPTH, deeper_than
 from backends.usage import counted_answer_usage, counted_usage, usage_json
-from policies.base import Decision, RoutingContext
+from policies.base import Decision, Policy, RoutingContext
 from policies.context_window import REASON as CONTEXT_REASON
-from policies.context_window import context_need, fit_tier, fits, refusal_message
+from policies.context_window import ContextNeed, context_need, fit_tier, fits, refusal_message
 from policies.keys import AuthError, Identity, KeyStoreUnavailable
 from policies.selection import Selection, UnknownPolicyError
 from policies.sessions.identity import SessionKey
+from policies.sessions.store import StepReserved
 from policies.spec import tiers_by_price
 from router.apis.base import ClientApi
 from router.http.body_limits import body_timed_out
@@ -42,7 +43,14 @@ from router.proxy.disconnect import DisconnectWatch, RelayResponse, until_discon
 from router.proxy.limiter import TierLimiter
 from router.proxy.messages_relay import messages_meter, relay_messages
 from router.proxy.responses_relay import relay_responses, responses_meter
-from router.proxy.session_step import CLIENT_TIER, SessionInfo, hold, session_key
+from router.proxy.session_step import (
+    CLIENT_TIER,
+    PendingStep,
+    SessionInfo,
+    prepare,
+    session_key,
+    step_reserving,
+)
 from router.proxy.state import RouterState
 from router.proxy.stream_relay import StreamMeter, relay
 from router.proxy.usage_guard import Priced, checked_usage, priced
@@ -97,6 +105,7 @@ class Call:
     marks: Marks = NO_MARKS
     trace_parent: dict[str, str] | None = None  # the caller's W3C trace context headers
     session: SessionInfo | None = None  # the conversation and why its rules kept or moved it
+    pending: PendingStep | None = None  # its step, taken with the budget reserve (`admit`)
     # The client API when it is not `endpoint` (Messages, Responses: router/apis/): the request
     # runs as the chat request `api.to_chat` made, and `upstream_endpoint` is what the tier
     # that answered was sent (the client's own API when it speaks it, else chat).
@@ -203,6 +212,9 @@ class Call:
         if self.prompt is not None:
             record["prompt"] = self.prompt
             record["messages"] = self.messages
+            meta = (self.body or {}).get("metadata")
+            if isinstance(meta, dict):  # what `distill export --tag` selects a workflow by
+                record["metadata"] = meta
         if signals:
             record["backend_signals"] = signals
         if usage is not None and usage.fault is not None:
@@ -215,6 +227,8 @@ class Call:
             record["deployment"] = self.deployment
         if self.api is not None and self.upstream_endpoint is not None:
             record["upstream_endpoint"] = self.upstream_endpoint
+        if sel is not None and sel.workflow is not None:
+            record["workflow"] = sel.workflow.name
         if sel is not None and sel.unit:
             # What assigned the arm (the body's `user` is not the key's `user` above): the unit
             # the A/B report resamples (simulations/ab_report.py).
@@ -308,22 +322,25 @@ async def _handle(state: RouterState, request: Request, call: Call) -> Response:
     call.marks.start("route")
     await route(state, call, body, request)
     call.marks.end("route", then="budget")
-    chain = tier_chain(state, call.tier or "", call.context_tokens)
     # What the upstream gets carries exactly the bound that is reserved, in the field(s) the
     # endpoint obeys. Where that bound came from is read first, for a refusal to name it.
     bound_from = state.budgets.bound_source(body, call.endpoint)
-    body = state.budgets.bound_body(body, call.endpoint)
-    call.body = body
+    sent = state.budgets.bound_body(body, call.endpoint)
+    call.body = sent
     # --- budget: reserve (settled or released in finish()/_fail(), whatever happens next) ------
+    first = await _ride(state, call, body, sent) if call.pending is not None else None
+    chain = tier_chain(state, call.tier or "", call.context_tokens)
     admitted = await state.budgets.reserve(
         call.id,
         call.identity,
-        body,
+        sent,
         chain,
         cheaper_tiers(state, call),
         endpoint=call.endpoint,
         bound_from=bound_from,
+        first=first,
     )
+    body = sent
     call.hold(admitted.reserved_nanos)
     call.marks.end("budget")
     chain = within_window(admitted.chain, call.context_tokens)  # a downgrade's fallbacks too
@@ -420,25 +437,38 @@ async def route(state: RouterState, call: Call, body: dict[str, Any], request: R
             call.session = SessionInfo(session, "none", CLIENT_TIER)
         fit_context_window(state, call, body, [call.tier], pinned=True)
         return
+    workflow = state.selector.workflow(call.policy, ident.team, body)
+    if workflow is not None:  # its tier whatever the score (policies/workflow.py): none taken
+        call.selection = replace(call.selection, workflow=workflow)
+        decision = Decision(workflow.tier, policy.name, workflow.reason)
+    else:
+        decision = await _decide(state, call, body, policy)
+    call.tier, call.reason = decision.tier, decision.reason
+    _session(state, call, body, session, decision, policy.tiers())
+    # Last of the routing choices (after a session's): the chosen tier must hold the request.
+    # A session step still to take (at the reserve) is followed by it there (`_ride`).
+    if call.pending is None:
+        fit_context_window(state, call, body, policy.tiers())
+    if state.drift is not None and call.score is not None:  # the live window, calibration
+        state.drift.observe(call.policy, policy, call.score, decision.tier, state.spawn)
+
+
+async def _decide(state: RouterState, call: Call, body: dict[str, Any], policy: Policy) -> Decision:
+    """Score the request (the policy's classifier) and let the policy decide."""
+    assert call.identity is not None
     t0 = time.perf_counter()
-    scorer = state.scorer_for(call.selection.policy_name)  # a canary policy has its own model
-    call.score = await state.score_batch.score(scorer, body, limits.context_turns)
+    scorer = state.scorer_for(call.selection.policy_name if call.selection else None)
+    call.score = await state.score_batch.score(scorer, body, state.limits.context_turns)
     state.metrics.classifier_seconds.observe(time.perf_counter() - t0)
     ctx = RoutingContext(
         score=call.score,
-        team=ident.team,
-        budget=await state.budgets.view(ident),
+        team=call.identity.team,
+        budget=await state.budgets.view(call.identity),
         load=state.load(),
         now=time.time(),
         unit=call.id,
     )
-    decision = policy.decide(ctx)
-    call.tier, call.reason = decision.tier, decision.reason
-    await _session(state, call, body, session, decision, policy.tiers())
-    # Last of the routing choices (after a session's): the chosen tier must hold the request.
-    fit_context_window(state, call, body, policy.tiers())
-    if state.drift is not None:  # the live window and a calibrating policy's score count
-        state.drift.observe(call.policy, policy, call.score, decision.tier, state.spawn)
+    return policy.decide(ctx)
 
 
 def fit_context_window(
@@ -455,8 +485,7 @@ def fit_context_window(
     tiers = state.tiers
     if all(t.context_window is None for t in tiers.values()):
         return
-    settings = state.budgets.settings  # the reservation's estimate and bound: one count
-    need = context_need(body, call.endpoint, settings.default_max_tokens, settings.prompt_estimate)
+    need = _context_need(state, body, call.endpoint)
     call.context_tokens = need.tokens
     chosen = call.tier or ""
     windows = {name: t.context_window for name, t in tiers.items()}
@@ -473,6 +502,25 @@ def fit_context_window(
         call.reason = f"{call.reason}; {moved}; moved to {tier}".lstrip("; ")
 
 
+def context_fit(
+    state: RouterState, body: dict[str, Any], endpoint: str, chosen: str, candidates: Sequence[str]
+) -> tuple[str | None, int | None]:
+    """Where `fit_context_window` would send the request were `chosen` the routing choice (None:
+    nowhere, it would refuse), and the tokens it needs (None: no tier sets a window)."""
+    tiers = state.tiers
+    if all(t.context_window is None for t in tiers.values()):
+        return chosen, None
+    need = _context_need(state, body, endpoint)
+    windows = {name: t.context_window for name, t in tiers.items()}
+    prices = {name: tiers[name].price for name in candidates if name in tiers}
+    return fit_tier(chosen, need.tokens, windows, prices), need.tokens
+
+
+def _context_need(state: RouterState, body: dict[str, Any], endpoint: str) -> ContextNeed:
+    settings = state.budgets.settings  # the reservation's estimate and bound: one count
+    return context_need(body, endpoint, settings.default_max_tokens, settings.prompt_estimate)
+
+
 def within_window(chain: list[TierConfig], tokens: int | None) -> list[TierConfig]:
     """The tiers of `chain` whose context window holds `tokens` (None: no window is set)."""
     if tokens is None:
@@ -480,7 +528,7 @@ def within_window(chain: list[TierConfig], tokens: int | None) -> list[TierConfi
     return [t for t in chain if fits(t.context_window, tokens)]
 
 
-async def _session(
+def _session(
     state: RouterState,
     call: Call,
     body: dict[str, Any],
@@ -488,21 +536,54 @@ async def _session(
     decision: Decision,
     policy_tiers: list[str],
 ) -> None:
-    """The session mode and the tool loop on the policy's decision (router/proxy/session_step.py;
-    at most one store round trip). A context-window limit and a budget downgrade, applied after
-    it, win over a session's rules."""
+    """The session mode and the tool loop on the policy's decision (router/proxy/session_step.py):
+    what needs no store is noted now; a step the store takes waits for the reserve (`_ride`)."""
     settings = state.selector.session(call.policy)
-    fail_open = state.budgets.settings.fail_mode == "open"
-    tier, info = await hold(
-        state.sessions, session, settings, body, decision, state.tiers, fail_open, policy_tiers
-    )
-    if info is None:
-        return
+    got = prepare(session, settings, body, decision, state.tiers, policy_tiers)
+    if isinstance(got, PendingStep):
+        call.pending = got
+    elif got is not None:
+        _note_session(state, call, got.mode, got, call.tier or "")
+
+
+def _note_session(state: RouterState, call: Call, mode: str, info: SessionInfo, tier: str) -> None:
     call.session = info
-    state.metrics.session_decisions.labels(call.policy, settings.mode, info.reason).inc()
+    state.metrics.session_decisions.labels(call.policy, mode, info.reason).inc()
     if tier != call.tier:
         call.reason = f"{call.reason}; session {info.reason}: {tier}"
         call.tier = tier
+
+
+async def _ride(
+    state: RouterState, call: Call, body: dict[str, Any], sent: dict[str, Any]
+) -> StepReserved:
+    """The session's step and the request's first reserve, in one store round trip: for each
+    tier the step may choose, the chain the request would then take (after the context window,
+    which wins over a session's rules) is what it reserves. Then the step's choice is applied
+    and the context window checked as `route` does for a request with no step to take."""
+    pending, policy = call.pending, call.selection.policy if call.selection else None
+    assert pending is not None and policy is not None and call.identity is not None
+    candidates = policy.tiers()
+    chains: dict[str, list[TierConfig] | None] = {}
+    for tier in pending.tiers():
+        fitted, tokens = context_fit(state, body, call.endpoint, tier, candidates)
+        chains[tier] = None if fitted is None else tier_chain(state, fitted, tokens)
+    fail_open = state.budgets.settings.fail_mode == "open"
+    done = await state.budgets.ride(
+        call.identity,
+        sent,
+        chains,
+        lambda scope, options: step_reserving(
+            state.sessions, pending, scope, call.id, options, fail_open
+        ),
+        endpoint=call.endpoint,
+    )
+    if done.reservation is not None:  # released by finish() should anything below refuse
+        call.hold(done.reservation.amount_nanos)
+    tier, info = pending.outcome(done)
+    _note_session(state, call, pending.mode, info, tier)
+    fit_context_window(state, call, body, candidates)
+    return done
 
 
 def cheaper_tiers(state: RouterState, call: Call) -> list[TierConfig]:

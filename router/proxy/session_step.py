@@ -1,9 +1,11 @@
 """The request path's session step: which conversation a request is in, and what its session
 mode and the tool loop make of the policy's decision (policies/sessions/; docs/conversations.md).
 
-`session_key` runs for every request (a hash, no I/O); `hold` consults the store only when the
-policy's mode needs it or the request is in a tool loop (per_request traffic without tools makes
-no store round trip), and then exactly once: the store's step reads, decides and updates.
+`session_key` runs for every request (a hash, no I/O). `prepare` makes the request's plan; the
+store is consulted only when the policy's mode needs it or the request is in a tool loop
+(per_request traffic without tools makes no store round trip), and then exactly once, riding on
+the request's budget reserve (`step_reserving`; router/proxy/budget_gate.py `ride`): the store's
+step reads, decides and updates, and the reserve holds what the tier it chose needs.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 
 from backends.config import TierConfig
 from policies.base import Decision
+from policies.budgets.scopes import BudgetScope
 from policies.sessions.config import SessionParams
 from policies.sessions.identity import HEADER, InvalidSessionId, SessionKey, session_of, uses_tools
 from policies.sessions.identity import in_tool_loop as carries_tool_result
-from policies.sessions.modes import CacheQuote, plan
-from policies.sessions.store import SessionStore, SessionUnavailable
+from policies.sessions.modes import CacheQuote, Plan, plan
+from policies.sessions.store import ReserveOptions, SessionStore, SessionUnavailable, StepReserved
 from policies.spec import tiers_by_price
 from router.http.errors import RouterError
 from trace_format.request_text import text_of_content
@@ -78,41 +81,88 @@ def _quote(body: Mapping[str, Any], tiers: Mapping[str, TierConfig]) -> CacheQuo
     )
 
 
-async def hold(
-    store: SessionStore,
+@dataclass(frozen=True, slots=True)
+class PendingStep:
+    """A session step the request takes at its budget reserve: the plan, and what it says."""
+
+    key: SessionKey
+    mode: str
+    ttl_s: float
+    plan: Plan
+    proposal: str  # the policy's tier: where the request goes when the store is unreachable
+    estimate: tuple[int, int]
+
+    def tiers(self) -> list[str]:
+        """Every tier the step may send the request to (the policy's first)."""
+        out = [self.plan.fresh.tier]
+        for move in self.plan.by_last.values():
+            if move.tier not in out:
+                out.append(move.tier)
+        return out
+
+    def outcome(self, done: StepReserved) -> tuple[str, SessionInfo]:
+        """The tier the step chose, and what the header and the trace say about it."""
+        if done.step is None:  # the store unreachable and fail_mode open
+            return self.proposal, SessionInfo(self.key, self.mode, STORE_UNAVAILABLE, self.estimate)
+        move = done.step.move
+        return move.tier, SessionInfo(self.key, self.mode, move.reason, self.estimate)
+
+
+def prepare(
     key: SessionKey | None,
     settings: SessionParams,
     body: Mapping[str, Any],
     decision: Decision,
     tiers: Mapping[str, TierConfig],
-    fail_open: bool,
     policy_tiers: Sequence[str] | None = None,
-) -> tuple[str, SessionInfo | None]:
-    """The tier this request goes to, after its session's rules; and what the header and the
-    trace say about it. Raises a 503 RouterError when the store cannot be reached (fail closed)."""
+) -> SessionInfo | PendingStep | None:
+    """What the request's session makes of the policy's decision: nothing (no session), a
+    SessionInfo when its mode leaves the decision as it is without asking the store, else the
+    step to take at the reserve."""
     if key is None:
-        return decision.tier, None
+        return None
     tool_loop = settings.tool_loop and carries_tool_result(body)
     needs_store = settings.mode != "per_request" or (settings.tool_loop and uses_tools(body))
     quote = _quote(body, tiers)
     estimate = (quote.prompt_tokens, quote.prefix_tokens)
     if not needs_store:
-        return decision.tier, SessionInfo(key, settings.mode, "per_request", estimate)
+        return SessionInfo(key, settings.mode, "per_request", estimate)
     order = tiers_by_price({name: t.price for name, t in tiers.items()})
-    shed = decision.reason.startswith("load_shed:")
-    cache = quote if settings.mode == "cache_aware" else None
     the_plan = plan(
         settings.mode,
         decision.tier,
         order,
         tool_loop=tool_loop,
-        shed=shed,
-        cache=cache,
+        shed=decision.reason.startswith("load_shed:"),
+        cache=quote if settings.mode == "cache_aware" else None,
         policy_tiers=policy_tiers,
     )
-    prompt_tokens = quote.prompt_tokens
+    return PendingStep(key, settings.mode, settings.ttl_s, the_plan, decision.tier, estimate)
+
+
+async def step_reserving(
+    store: SessionStore,
+    pending: PendingStep,
+    scope: BudgetScope,
+    request_id: str,
+    options: ReserveOptions,
+    fail_open: bool,
+) -> StepReserved:
+    """The store's step and the request's reserve of what the chosen tier needs. A session
+    store that cannot be reached on its own (not the budget store's Redis) is a 503, or with
+    fail_mode open the request goes where the policy said (nothing reserved yet)."""
+    key = pending.key
     try:
-        step = await store.step(key.store_key, the_plan, prompt_tokens, settings.ttl_s)
+        return await store.step_reserving(
+            key.team,
+            key.store_key,
+            pending.plan,
+            pending.estimate[0],
+            pending.ttl_s,
+            scope,
+            request_id,
+            options,
+        )
     except SessionUnavailable as exc:
         if not fail_open:
             log.error("session store unreachable, refusing the request (fail_mode closed): %s", exc)
@@ -123,5 +173,4 @@ async def hold(
                 headers={"retry-after": "1"},
             ) from None
         log.warning("session store unreachable, deciding without the session: %s", exc)
-        return decision.tier, SessionInfo(key, settings.mode, STORE_UNAVAILABLE, estimate)
-    return step.move.tier, SessionInfo(key, settings.mode, step.move.reason, estimate)
+        return StepReserved(None, None)

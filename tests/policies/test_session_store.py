@@ -17,7 +17,10 @@ import pytest
 import redis
 
 from policies.budgets.factory import STORE_KINDS, build_stores
-from policies.config import BudgetsConfig
+from policies.budgets.money import usd_to_nanos
+from policies.budgets.scopes import BudgetScope
+from policies.budgets.store import BudgetStore
+from policies.config import BudgetLimit, BudgetsConfig
 from policies.sessions.factory import session_store
 from policies.sessions.modes import Move, Plan, plan
 from policies.sessions.store import (
@@ -68,17 +71,17 @@ def sticky(proposal: str) -> Plan:
 def test_a_new_session_takes_the_fresh_move_and_keeps_it(kit: StoreKit) -> None:
     async def main() -> None:
         store = sessions(kit)
-        first = await store.step("s1", sticky("large"), 120, 60)
+        first = await store.step("t", "s1", sticky("large"), 120, 60)
         assert first.move == Move("large", "new")
         assert first.previous_tier is None
         assert first.state.last_tier == "large"
         assert first.state.tiers_used == ["large"]
         assert (first.state.prompt_tokens, first.state.requests) == (120, 1)
-        second = await store.step("s1", sticky("small"), 80, 60)
+        second = await store.step("t", "s1", sticky("small"), 80, 60)
         assert second.move == Move("large", "held")
         assert second.previous_tier == "large"
         assert (second.state.prompt_tokens, second.state.requests) == (200, 2)
-        loaded = await store.load("s1")
+        loaded = await store.load("t", "s1")
         assert loaded is not None
         assert (loaded.last_tier, loaded.tiers_used, loaded.prompt_tokens) == (
             "large",
@@ -86,7 +89,7 @@ def test_a_new_session_takes_the_fresh_move_and_keeps_it(kit: StoreKit) -> None:
             200,
         )
         assert loaded.last_seen == pytest.approx(kit.clock(), abs=0.01)
-        assert await store.load("other") is None
+        assert await store.load("t", "other") is None
         await close(store)
 
     run(main())
@@ -95,14 +98,14 @@ def test_a_new_session_takes_the_fresh_move_and_keeps_it(kit: StoreKit) -> None:
 def test_tiers_used_accumulate_and_a_one_off_move_is_not_recorded(kit: StoreKit) -> None:
     async def main() -> None:
         store = sessions(kit)
-        await store.step("s", plan("escalate_only", "small", TIERS), 10, 60)
-        up = await store.step("s", plan("escalate_only", "large", TIERS), 10, 60)
+        await store.step("t", "s", plan("escalate_only", "small", TIERS), 10, 60)
+        up = await store.step("t", "s", plan("escalate_only", "large", TIERS), 10, 60)
         assert up.move == Move("large", "escalated")
-        down = await store.step("s", plan("escalate_only", "small", TIERS), 10, 60)
+        down = await store.step("t", "s", plan("escalate_only", "small", TIERS), 10, 60)
         assert down.move == Move("large", "held")
-        shed = await store.step("s", plan("sticky", "small", TIERS, shed=True), 10, 60)
+        shed = await store.step("t", "s", plan("sticky", "small", TIERS, shed=True), 10, 60)
         assert shed.move == Move("small", "load_shed", record=False)
-        state = await store.load("s")
+        state = await store.load("t", "s")
         assert state is not None
         assert state.last_tier == "large"  # load shedding moved one request, not the session
         assert state.tiers_used == ["small", "large"]
@@ -130,7 +133,7 @@ def test_same_results_as_the_pure_rules(kit: StoreKit) -> None:
                 shed=rng.random() < 0.15,
             )
             tokens = rng.randrange(500)
-            got = await store.step(key, p, tokens, 600)
+            got = await store.step("t", key, p, tokens, 600)
             state = model.get(key)
             expect = choose(p, state.last_tier if state else None)
             model[key] = state = state or SessionState()
@@ -153,16 +156,16 @@ def test_state_expires_ttl_after_the_last_request(kit: StoreKit) -> None:
     first = sessions(kit)
 
     async def main() -> None:
-        await first.step("short", sticky("large"), 1, 0.2)
-        await first.step("long", sticky("large"), 1, 600)
+        await first.step("t", "short", sticky("large"), 1, 0.2)
+        await first.step("t", "long", sticky("large"), 1, 600)
         await close(first)
 
     async def after() -> None:
         # A shared kind's new client sees the same state (the first one's loop is gone).
         store = sessions(kit) if kit.shared else first
-        assert await store.load("short") is None
-        assert await store.load("long") is not None
-        again = await store.step("short", sticky("small"), 1, 0.2)
+        assert await store.load("t", "short") is None
+        assert await store.load("t", "long") is not None
+        again = await store.step("t", "short", sticky("small"), 1, 0.2)
         assert again.move == Move("small", "new")  # expired: a new session
         await close(store)
 
@@ -179,7 +182,10 @@ def test_replicas_share_sessions_and_agree_under_concurrency(kit: StoreKit) -> N
         a, b = sessions(kit), sessions(kit)
         replicas = [a, b] if kit.shared else [a, a]
         steps = await asyncio.gather(
-            *(replicas[i % 2].step("race", sticky(TIERS[2 * (i % 2)]), 1, 60) for i in range(40))
+            *(
+                replicas[i % 2].step("t", "race", sticky(TIERS[2 * (i % 2)]), 1, 60)
+                for i in range(40)
+            )
         )
         tiers = {s.move.tier for s in steps}
         assert len(tiers) == 1
@@ -197,14 +203,16 @@ def test_a_session_is_a_few_hundred_bytes_in_one_slot(kit: StoreKit) -> None:
     async def main() -> str:
         store = sessions(kit)
         p = plan("escalate_only", "small", TIERS)
-        await store.step("sized", p, 10_000, 60)
-        await store.step("sized", plan("escalate_only", "large", TIERS), 10_000, 60)
-        key = store.key("sized")  # type: ignore[attr-defined]
+        await store.step("t", "sized", p, 10_000, 60)
+        await store.step("t", "sized", plan("escalate_only", "large", TIERS), 10_000, 60)
+        key = store.key("t", "sized")  # type: ignore[attr-defined]
         await store.redis.aclose()  # type: ignore[attr-defined]
         return key
 
     key = run(main())
-    assert "{" in key and key.endswith("}")  # a hash tag: the whole session is one slot
+    # The team's hash tag: the session is in one slot, the one of its team's budget keys (its
+    # step rides on their reserve script).
+    assert key.startswith(f"{getattr(kit, 'prefix', 'cr')}:{{t}}:session:")
     client: Any = (
         kit._cluster.client() if hasattr(kit, "_cluster") else redis.Redis.from_url(REDIS_URL)
     )
@@ -223,9 +231,102 @@ def test_an_unreachable_store_is_session_unavailable(kind: str) -> None:
         budget_store, _ = build_stores(settings)
         store = session_store(budget_store, "cr")
         with pytest.raises(SessionUnavailable):
-            await store.step("s", sticky("large"), 1, 60)
+            await store.step("t", "s", sticky("large"), 1, 60)
         with pytest.raises(SessionUnavailable):
-            await store.load("s")
+            await store.load("t", "s")
+        await close(store)
+
+    run(main())
+
+
+# --- the step riding on the budget reserve (`step_reserving`) ------------------------------------
+OPTIONS = {"small": (0.001, 50), "medium": None, "large": (0.004, 200)}
+
+
+def budgets_of(store: SessionStore) -> BudgetStore:
+    return store.budgets  # type: ignore[attr-defined,no-any-return]
+
+
+def test_the_step_reserves_what_its_chosen_tier_needs(kit: StoreKit) -> None:
+    """The request reserves the option of the tier the step chose, not the policy's proposal:
+    sticky holds large against a proposal of small, and large's amount is what is held."""
+    scope = BudgetScope("t", None, BudgetLimit(limit_usd=1.0, period="total"))
+
+    async def main() -> None:
+        store = sessions(kit)
+        budgets = budgets_of(store)
+        first = await store.step_reserving("t", "s", sticky("large"), 10, 60, scope, "r1", OPTIONS)
+        assert first.step is not None and first.step.move == Move("large", "new")
+        assert first.reservation is not None and first.refused is None
+        assert first.reservation.amount_nanos == usd_to_nanos(0.004)
+        second = await store.step_reserving("t", "s", sticky("small"), 10, 60, scope, "r2", OPTIONS)
+        assert second.step is not None and second.step.move == Move("large", "held")
+        assert second.reservation is not None
+        assert second.reservation.amount_nanos == usd_to_nanos(0.004)
+        (status,) = await budgets.status(scope)
+        assert status.reserved_nanos == 2 * usd_to_nanos(0.004)
+        await budgets.settle("r1", 0.003, 100)
+        await budgets.release("r2")
+        (status,) = await budgets.status(scope)
+        assert (status.reserved_nanos, status.spent_nanos) == (0, usd_to_nanos(0.003))
+        assert (await store.load("t", "s")).requests == 2  # type: ignore[union-attr]
+        await close(store)
+
+    run(main())
+
+
+def test_a_refused_reserve_still_steps_and_holds_nothing(kit: StoreKit) -> None:
+    """The budget refuses the chosen tier's amount: the step is taken (the session is on large,
+    as when the budget check came after it), nothing is reserved, and the refusal says why."""
+    scope = BudgetScope("t", None, BudgetLimit(limit_usd=0.002, period="total"))
+
+    async def main() -> None:
+        store = sessions(kit)
+        done = await store.step_reserving("t", "s", sticky("large"), 10, 60, scope, "r1", OPTIONS)
+        assert done.step is not None and done.step.move.tier == "large"
+        assert done.reservation is None
+        assert done.refused is not None and done.refused.reason == "budget"
+        (status,) = await budgets_of(store).status(scope)
+        assert status.reserved_nanos == 0
+        assert (await store.load("t", "s")).last_tier == "large"  # type: ignore[union-attr]
+        await close(store)
+
+    run(main())
+
+
+def test_a_tier_the_request_cannot_go_to_reserves_nothing(kit: StoreKit) -> None:
+    scope = BudgetScope("t", None, BudgetLimit(limit_usd=1.0, period="total"))
+
+    async def main() -> None:
+        store = sessions(kit)
+        done = await store.step_reserving("t", "s", sticky("medium"), 10, 60, scope, "r1", OPTIONS)
+        assert done.step is not None and done.step.move.tier == "medium"
+        assert (done.reservation, done.refused) == (None, None)
+        (status,) = await budgets_of(store).status(scope)
+        assert status.reserved_nanos == 0
+        await close(store)
+
+    run(main())
+
+
+def test_a_retried_reserve_does_not_step_twice(kit: StoreKit) -> None:
+    """The budget store retries a reserve whose answer was lost: the second run answers the
+    hold it made, and the session counts the request once."""
+    if not kit.shared:
+        pytest.skip("in process: nothing is lost between the step and its answer")
+    scope = BudgetScope("t", None, BudgetLimit(limit_usd=1.0, period="total"))
+
+    async def main() -> None:
+        store = sessions(kit)
+        once = await store.step_reserving("t", "s", sticky("large"), 10, 60, scope, "r1", OPTIONS)
+        again = await store.step_reserving("t", "s", sticky("large"), 10, 60, scope, "r1", OPTIONS)
+        assert once.reservation is not None and again.reservation is not None
+        assert again.reservation.amount_nanos == once.reservation.amount_nanos
+        assert again.step is not None and again.step.move.tier == "large"
+        state = await store.load("t", "s")
+        assert state is not None and (state.requests, state.prompt_tokens) == (1, 10)
+        (status,) = await budgets_of(store).status(scope)
+        assert status.reserved_nanos == usd_to_nanos(0.004)
         await close(store)
 
     run(main())

@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from policies.workflow import Selector
 from trace_format.feedback import FEEDBACK_FILE, load_feedback
 from trace_format.jsonl import read_objects
 from trace_format.labels import LABELS_FILE, merged_outcomes
@@ -76,26 +77,6 @@ REASONS = (
 
 class ExportError(ValueError):
     """An export that cannot be made as asked; the message says why and what to change."""
-
-
-@dataclass(frozen=True)
-class Selector:
-    """A workflow: requests of these teams and policies carrying these `metadata` tags (each
-    empty: any). The same selector routes a workflow to a student tier (policies/workflow.py)."""
-
-    teams: tuple[str, ...] = ()
-    policies: tuple[str, ...] = ()
-    tags: Mapping[str, str] = field(default_factory=dict)
-
-    def matches(self, team: str | None, policy: str | None, metadata: Mapping[str, Any]) -> bool:
-        if self.teams and team not in self.teams:
-            return False
-        if self.policies and policy not in self.policies:
-            return False
-        return all(str(metadata.get(k)) == v for k, v in self.tags.items())
-
-    def describe(self) -> dict[str, Any]:
-        return {"teams": list(self.teams), "policies": list(self.policies), "tags": dict(self.tags)}
 
 
 @dataclass(frozen=True)

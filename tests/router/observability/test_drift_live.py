@@ -308,3 +308,46 @@ def test_a_hot_reload_keeps_the_calibrated_threshold(echo: str, tmp_path: Path) 
         after = proxy.state.selector.policies["cal"]
         assert after is not before and after.target == 0.25  # type: ignore[attr-defined]
         assert after.threshold == before.threshold  # type: ignore[attr-defined]
+
+
+def test_a_student_is_watched_against_its_teacher(tmp_path: Path) -> None:
+    """A student a workflow routes to (issue 28), or a fixed student policy: its quality
+    retained is over the teacher's answers on the shadow pairs, per tier and per policy (a
+    one-tier policy is never compared with itself)."""
+    from router.learning.shadow_log import ShadowLog
+    from router.observability.drift_monitor import LabelledPairs
+    from trace_format.labels import LabelRecord, labels_path_for
+    from trace_format.shadow import shadow_path_for
+
+    trace = str(tmp_path / "requests.jsonl")
+    log = ShadowLog(shadow_path_for(trace), labels_path_for(trace))
+    rng = np.random.default_rng(5)
+    student, teacher = [], []
+    for i in range(40):
+        # Half under a threshold policy's workflow, half under a fixed student policy.
+        policy = "auto" if i % 2 else "math-student"
+        out = {"student": float(rng.random() < 0.5), "large": float(rng.random() < 0.9)}
+        log.append(
+            {
+                "schema_version": 1,
+                "request_id": f"r{i}",
+                "time": 1e9 + i,
+                "team": "t",
+                "policy": policy,
+                "endpoint": "chat/completions",
+                "primary": {"tier": "student"},
+                "shadow": {"tier": "large"},
+            }
+        )
+        log.append_label(LabelRecord(request_id=f"r{i}", judge="reference", outcomes=out))
+        student.append(out["student"])
+        teacher.append(out["large"])
+    pairs = LabelledPairs(trace, limit=100)
+    pairs.poll()
+    est = pairs.by_tier(None)[("student", "large")]
+    assert est is not None and est.n == 40
+    assert est.value == pytest.approx(np.mean(student) / np.mean(teacher))
+    fixed, n = pairs.retained("math-student", None, None)
+    assert n == 20 and fixed is not None
+    assert fixed.value == pytest.approx(np.mean(student[0::2]) / np.mean(teacher[0::2]))
+    assert fixed.value < 0.9  # was 1.0 when the fixed policy's only tier was its reference

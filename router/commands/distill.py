@@ -6,11 +6,15 @@ parses options and prints. Exit status: 0 done; 2 bad input, one `error:` line.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from router.commands.common import fail, load_config_or_exit
 from router.commands.progress import counter
+
+if TYPE_CHECKING:  # the command imports its library lazily: `--help` loads no model runtime
+    from policies.workflow import ClusterSelect
 
 distill_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 
@@ -23,6 +27,20 @@ def _tags(values: list[str]) -> dict[str, str]:
             raise fail(f"--tag {v}: expected KEY=VALUE (a request metadata tag)")
         out[key] = value
     return out
+
+
+def _clusters(path: Path | None, ids: list[int]) -> ClusterSelect | None:
+    if path is None and not ids:
+        return None
+    if path is None or not ids:
+        raise fail("--clusters FILE and --cluster N go together (a workflow's prompt clusters)")
+    from policies.workflow import cluster_select
+    from trace_format.config_base import ConfigError
+
+    try:
+        return cluster_select(str(path), ids, "--cluster")
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
 
 
 @distill_app.command("export")
@@ -49,6 +67,12 @@ def export_cmd(
     min_feedback: float = typer.Option(
         0.5, "--min-feedback", help="drop answers whose mean user feedback is below this"
     ),
+    clusters: Path | None = typer.Option(
+        None, "--clusters", help="workflow: a cluster model `distill clusters` wrote"
+    ),
+    cluster: list[int] = typer.Option(
+        [], "--cluster", help="workflow: only prompts of this cluster of --clusters (repeatable)"
+    ),
 ) -> None:
     """A distillation set: prompts and the teacher's answers, filtered, split by conversation."""
     from router.learning.distill.export import ExportError, ExportOptions, Selector, export
@@ -58,7 +82,7 @@ def export_cmd(
         content_teams = load_config_or_exit(config).evaluation.store_content_teams
     options = ExportOptions(
         teacher=teacher,
-        selector=Selector(tuple(team), tuple(policy), _tags(tag)),
+        selector=Selector(tuple(team), tuple(policy), _tags(tag), _clusters(clusters, cluster)),
         heldout_share=heldout,
         seed=seed,
         min_teacher_score=min_teacher_score,
@@ -77,6 +101,44 @@ def export_cmd(
         f"held out {c['heldout_rows']} in {c['heldout_conversations']}; traces sha256 "
         f"{result.card['traces_sha256'][:16]}; wrote {out}"
     )
+
+
+@distill_app.command("clusters")
+def clusters_cmd(
+    traces: list[Path] = typer.Option(
+        ..., "--traces", "-t", help="trace folders (requests, shadow.jsonl, labels, feedback)"
+    ),
+    teacher: str = typer.Option(..., "--teacher", help="the tier whose answers are taught"),
+    k: int = typer.Option(8, "--k", help="how many clusters"),
+    out: Path = typer.Option(Path("clusters.onnx"), "--out", "-o", help="the model written"),
+    team: list[str] = typer.Option([], "--team", help="only these teams' rows"),
+    policy: list[str] = typer.Option([], "--policy", help="only these policies' rows"),
+    tag: list[str] = typer.Option([], "--tag", help="only rows with metadata KEY=VALUE"),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="router YAML: only its store_content_teams are read"
+    ),
+    seed: int = typer.Option(0, "--seed", help="k-means' seed"),
+) -> None:
+    """Cluster the prompts `distill export` would keep (k-means over their words, as ONNX):
+    pick a cluster as a workflow with `export --clusters F --cluster N` and `workflows:`."""
+    from router.learning.distill.clusters import fit_row_clusters
+    from router.learning.distill.export import ExportError, ExportOptions, Selector
+
+    content_teams = None
+    if config is not None:
+        content_teams = load_config_or_exit(config).evaluation.store_content_teams
+    options = ExportOptions(
+        teacher=teacher,
+        selector=Selector(tuple(team), tuple(policy), _tags(tag)),
+        content_teams=content_teams,
+    )
+    try:
+        summary = fit_row_clusters(traces, options, k, out, seed=seed)
+    except ExportError as exc:
+        raise fail(str(exc)) from None
+    typer.echo(f"{summary['rows']} prompts in {summary['k']} clusters; wrote {out}")
+    for i, (size, terms) in enumerate(zip(summary["sizes"], summary["terms"], strict=True)):
+        typer.echo(f"  cluster {i}: {size} prompts  {' '.join(terms)}")
 
 
 @distill_app.command("train")

@@ -32,5 +32,5 @@ def test_the_export_and_routing_share_one_selector() -> None:
 
 
 def test_a_workflow_must_select_something() -> None:
-    with pytest.raises(ValidationError, match="needs teams or tags"):
+    with pytest.raises(ValidationError, match="needs teams, tags or clusters"):
         WorkflowParams(name="all", tier="student")

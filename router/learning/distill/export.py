@@ -18,7 +18,7 @@ Dropped, each counted under its reason in the card:
   `min_teacher_score` (a reference judge's wrong answer: 0);
 - `negative feedback`: the mean user feedback below `min_feedback`;
 - `duplicate`: the same messages seen before (the first kept);
-- `not selected`: outside the workflow (`team`, `policy`, `metadata` tags).
+- `not selected`: outside the workflow (`team`, `policy`, `metadata` tags, prompt clusters).
 
 Train and held-out parts are split by conversation (the trace's `session`, else the request
 itself), never by row, so no turn of a held-out conversation is trained on. The held-out part is
@@ -244,10 +244,10 @@ def collect(paths: Sequence[Path], options: ExportOptions) -> tuple[list[Row], C
             policy = rec.get("policy") if trace is None else trace.get("policy")
             metadata = trace.get("metadata") if trace else None
             metadata = metadata if isinstance(metadata, dict) else {}
-            if not options.selector.matches(team, policy, metadata):
+            messages = _messages(trace, rec.get("prompt"))
+            if not options.selector.matches(team, policy, metadata, {"messages": messages or []}):
                 dropped["not selected"] += 1
                 continue
-            messages = _messages(trace, rec.get("prompt"))
             answer = part.get("text")
             if (
                 not _stores(options.content_teams, team)

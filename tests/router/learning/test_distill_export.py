@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from benchmarks.distill_gsm8k import GSM8K, write_traces
 from router.cli import app
 from router.learning.distill.export import ExportError, ExportOptions, Selector, export
+from tests.support.topics import COOKING, MATH
 from trace_format.feedback import FEEDBACK_FILE
 from trace_format.labels import LABELS_FILE, LabelRecord
 from trace_format.shadow import SHADOW_FILE
@@ -232,3 +233,59 @@ def test_what_if_applies_a_measured_distillation_row(tmp_path: Path) -> None:
     assert levers.quant_speed == 1.3 and levers.quant_quality_delta == 0.05
     assert levers.quant_cost == 0.5
     assert "distilled small quality +5.0 points [measured: student vs base" in "\n".join(notes)
+
+
+def test_a_cluster_of_prompts_is_a_workflow_for_the_export(tmp_path: Path) -> None:
+    """`distill clusters` fits k-means on the rows the export keeps, as ONNX (checked against
+    scikit-learn before it is written); `export --clusters F --cluster N` keeps that cluster."""
+    from classifiers.prompt_clusters import NO_CLUSTER, PromptClusters, cluster_text
+
+    f = Folder(tmp_path / "traces")
+    for i, prompt in enumerate(MATH + COOKING):
+        f.add(prompt, session=f"s{i}")
+    model_file = tmp_path / "clusters.onnx"
+    res = CliRunner().invoke(
+        app,
+        ["distill", "clusters", "-t", str(f.path), "--teacher", "large", "--k", "2"]
+        + ["--out", str(model_file)],
+    )
+    assert res.exit_code == 0, res.output
+    assert "40 prompts in 2 clusters" in res.output and "cluster 1:" in res.output
+    model = PromptClusters.load(model_file)
+    math_ids = set(
+        model.assign([cluster_text({"messages": [{"role": "user", "content": p}]}) for p in MATH])
+    )
+    cook_ids = set(
+        model.assign(
+            [cluster_text({"messages": [{"role": "user", "content": p}]}) for p in COOKING]
+        )
+    )
+    assert len(math_ids) == 1 and len(cook_ids) == 1 and math_ids != cook_ids
+    assert model.assign(["zzqx"]) == [NO_CLUSTER]  # no word the model knows: no cluster
+    (math_id,) = math_ids
+    res = CliRunner().invoke(
+        app,
+        ["distill", "export", "-t", str(f.path), "--teacher", "large", "--heldout", "0.25"]
+        + ["--out", str(tmp_path / "set"), "--clusters", str(model_file)]
+        + ["--cluster", str(math_id)],
+    )
+    assert res.exit_code == 0, res.output
+    card = json.loads((tmp_path / "set" / "card.json").read_text())
+    assert card["counts"]["dropped"]["not selected"] == len(COOKING)
+    assert card["counts"]["kept"] == len(MATH)
+    assert card["selector"]["clusters"]["ids"] == [math_id]
+    assert card["selector"]["clusters"]["sha256"] == model.sha256
+    for extra, says in (
+        (["--clusters", str(model_file)], "go together"),
+        (["--cluster", "0"], "go together"),
+        (["--clusters", str(tmp_path / "nope.onnx"), "--cluster", "0"], "cannot read"),
+        (["--clusters", str(model_file), "--cluster", "7"], "has clusters 0..1, not [7]"),
+        (["--clusters", str(f.path / "requests.jsonl"), "--cluster", "0"], "not an ONNX model"),
+    ):
+        assert says in _fails(tmp_path, f.path, *extra)
+    few = Folder(tmp_path / "few")
+    few.add(MATH[0])
+    res = CliRunner().invoke(
+        app, ["distill", "clusters", "-t", str(few.path), "--teacher", "large", "--k", "2"]
+    )
+    assert res.exit_code == 2 and "1 prompts cannot make 2 clusters" in res.output

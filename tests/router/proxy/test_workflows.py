@@ -15,8 +15,10 @@ import openai
 import pytest
 
 from benchmarks.echo_upstream import running_echo_upstream
-from router.config import config_from_dict
+from router.config import RouterConfig, config_from_dict
+from router.proxy.build import build_selector
 from tests.support.proxy import ProxyThread, make_config, tier
+from tests.support.topics import COOKING, MATH
 from tests.support.waiting import wait_for
 from trace_format.config_base import ConfigError
 
@@ -80,8 +82,8 @@ def test_the_workflow_goes_to_the_student_and_the_rest_where_the_policy_says(
     assert named["reason"] == "explicit tier" and "workflow" not in named
 
 
-def _config(policies: dict[str, Any]) -> None:
-    config_from_dict(
+def _router_config(policies: dict[str, Any]) -> RouterConfig:
+    return config_from_dict(
         {
             "tiers": tiers({n: f"http://127.0.0.1:1/{n}" for n in ("student", "small", "large")}),
             "policies": policies,
@@ -91,13 +93,17 @@ def _config(policies: dict[str, Any]) -> None:
     )
 
 
+def _config(policies: dict[str, Any]) -> None:
+    _router_config(policies)
+
+
 def test_config_errors_name_the_key() -> None:
     _config(POLICIES)  # the test's config is valid
     wf = POLICIES["auto"]["workflows"][0]
     for change, key in (
         ({"tier": "studnet"}, r"policies\.auto\.workflows\.0\.tier names unknown tier 'studnet'"),
         ({"teacher": "huge"}, r"policies\.auto\.workflows\.0\.teacher names unknown tier"),
-        ({"tags": {}}, r"policies\.auto\.workflows\.0: .*needs teams or tags"),
+        ({"tags": {}}, r"policies\.auto\.workflows\.0: .*needs teams, tags or clusters"),
         ({"colour": "red"}, r"policies\.auto\.workflows\.0\.colour"),
         ({"name": "a b"}, r"policies\.auto\.workflows\.0\.name"),
     ):
@@ -221,3 +227,59 @@ def test_a_budget_that_cannot_pay_the_workflows_tier_downgrades_it(tmp_path: Pat
         (trace,) = p.traces(expect=1)
     assert trace["reason"] == "workflow hard -> large; downgraded to small: budget"
     assert trace["workflow"] == "hard"
+
+
+def _fit_topics(path: Path) -> int:
+    """A two-cluster model of the topic prompts; the arithmetic cluster's id."""
+    from classifiers.cluster_fit import fit_clusters, write_clusters
+    from classifiers.prompt_clusters import PromptClusters, cluster_text
+
+    texts = [cluster_text({"messages": [{"role": "user", "content": t}]}) for t in MATH + COOKING]
+    write_clusters(fit_clusters(texts, 2), path)
+    return PromptClusters.load(path).assign(texts[:1])[0]
+
+
+def test_a_cluster_of_prompts_goes_to_the_student(tmp_path: Path) -> None:
+    """A workflow of prompt clusters (the model `distill clusters` fits): the arithmetic
+    prompts, new ones included, go to the student; the baking ones where the policy says."""
+    model = tmp_path / "clusters.onnx"
+    math_id = _fit_topics(model)
+    wf = {"name": "sums", "clusters": {"file": str(model), "ids": [math_id]}, "tier": "student"}
+    policies = {"auto": {**POLICIES["auto"], "workflows": [wf]}}
+    with ExitStack() as stack:
+        urls = {
+            n: stack.enter_context(running_echo_upstream()) for n in ("student", "small", "large")
+        }
+        cfg = make_config(tiers(urls), tmp_path, policies=policies, default_policy="auto")
+        p = stack.enter_context(ProxyThread(cfg))
+        client = openai.OpenAI(base_url=f"{p.url}/v1", api_key="unused", max_retries=0)
+        prompts = [
+            "What is 101 plus 202? Add the numbers.",
+            "How long do I bake rye bread in the oven?",
+            MATH[3],
+            COOKING[3],
+        ]
+        got = []
+        for prompt in prompts:
+            raw = client.chat.completions.with_raw_response.create(
+                model="auto", messages=[{"role": "user", "content": prompt}], max_tokens=8
+            )
+            got.append(raw.headers["x-router-tier"])
+        traces = sorted(p.traces(expect=4), key=lambda t: t["time"])
+    assert got == ["student", "large", "student", "large"]
+    assert [t.get("workflow") for t in traces] == ["sums", None, "sums", None]
+    assert traces[0]["reason"] == "workflow sums -> student"
+
+
+def test_a_cluster_model_that_cannot_serve_is_a_config_error(tmp_path: Path) -> None:
+    model = tmp_path / "clusters.onnx"
+    _fit_topics(model)
+    key = r"policies\.auto\.workflows\.0\.clusters"
+    for clusters, says in (
+        ({"file": str(tmp_path / "missing.onnx"), "ids": [0]}, f"{key}: .*cannot read"),
+        ({"file": str(model), "ids": [2]}, f"{key}: .*has clusters 0..1, not \\[2\\]"),
+        ({"file": str(model), "ids": []}, r"workflows\.0\.clusters\.ids"),
+    ):
+        wf = {"name": "sums", "clusters": clusters, "tier": "student"}
+        with pytest.raises(ConfigError, match=says):
+            build_selector(_router_config({"auto": {**POLICIES["auto"], "workflows": [wf]}}))

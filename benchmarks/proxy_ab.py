@@ -20,9 +20,9 @@ calls load it for both alike, as they would a real one.
 
 Session modes, one tree: `--base . --session sticky [--redis redis://127.0.0.1:6379/0]` runs
 both proxies with one threshold policy and their budgets (and so session state) in Redis; this
-tree's policy has `session: {mode: sticky}` (one store round trip per request), the base's the
-default per_request (none). The load generator sends one prompt, so every request is a turn of
-one derived session.
+tree's policy has `session: {mode: sticky}` (the session step rides on the budget reserve's
+script: no round trip of its own), the base's the default per_request (no session step). The
+load generator sends one prompt, so every request is a turn of one derived session.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Training side only (scikit-learn, onnx): `cost-router distill clusters` calls it. The graph is
 built as the classifier's is (classifiers/export.py's text block over character ids, the words
-of classifiers.train.WORD_PATTERN): for L2-normalised tf-idf x the nearest centroid c is the
+of classifiers.features.WORD_PATTERN): for L2-normalised tf-idf x the nearest centroid c is the
 one maximising 2 x.c - |c|^2, one MatMul and an ArgMax. The written graph is checked against
 scikit-learn on every fitted prompt: a model that assigns any of them differently is refused,
 not written.
@@ -24,6 +24,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import Pipeline
 
 from classifiers.export import TARGET_OPSET, _Graph, _text_block
+from classifiers.features import WORD_PATTERN
 from classifiers.prompt_clusters import (
     FORMAT,
     INPUT,
@@ -32,7 +33,6 @@ from classifiers.prompt_clusters import (
     OUTPUT,
     PromptClusters,
 )
-from classifiers.train import WORD_PATTERN
 
 TOP_TERMS = 8
 
@@ -76,10 +76,6 @@ def fit_clusters(
         labels = pipe.fit_predict(texts)
     except ValueError as exc:  # e.g. every word pruned by max_df/min_df
         raise ClusterFitError(f"cannot cluster these prompts: {exc}") from None
-    # The pruned words are kept only for inspection; the converter would carry them as stop
-    # words, which a vocabulary lookup makes redundant.
-    if hasattr(vectorizer, "stop_words_"):
-        delattr(vectorizer, "stop_words_")
     vocab = vectorizer.get_feature_names_out()
     centers = pipe.named_steps["kmeans"].cluster_centers_
     terms = [[str(vocab[i]) for i in np.argsort(-c)[:TOP_TERMS]] for c in centers]

@@ -68,6 +68,9 @@ PACKED_INPUTS: tuple[str, ...] = (*TEXT_INPUTS, NUMERIC_INPUT)
 # boundaries with one Max(x, SEP). PAD fills rows to the batch width and is in no character n-gram;
 # it equals SEP because the end of a row is a word boundary too.
 PAD_ID = -2
+# Words: maximal runs of 2+ word characters. classifiers.ngram_pool reproduces exactly this
+# pattern in the ONNX graph from character ids (word boundaries = non-word characters).
+WORD_PATTERN = r"(?u)\w{2,}"
 SEP_ID = -2
 _TABLE_SIZE = 0x3000  # code points below this are looked up in a table, the rest computed
 _WORD_TABLE = np.array([chr(c).isalnum() or c == 0x5F for c in range(_TABLE_SIZE)])

@@ -19,8 +19,7 @@ from typing import Any
 
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from classifiers.features import SEP_ID, char_id
-from classifiers.train import WORD_PATTERN
+from classifiers.features import SEP_ID, WORD_PATTERN, char_id
 
 
 def _check(vectorizer: TfidfVectorizer) -> None:

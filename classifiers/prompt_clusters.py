@@ -23,7 +23,8 @@ from typing import Any
 
 import onnxruntime as ort
 
-from classifiers.features import char_ids, clean_text, normalize_text
+from classifiers.features import WORD_PATTERN, char_ids, clean_text, normalize_text
+from classifiers.inference import _session
 from trace_format.request_text import request_text
 
 # The graph's input (character ids, classifiers.features.char_ids) and output (cluster ids), and
@@ -32,8 +33,7 @@ INPUT = "ids"
 OUTPUT = "cluster"
 META_KEY = "cost_router_clusters"
 FORMAT = "prompt-clusters/1"
-# The words k-means saw (classifiers.train.WORD_PATTERN): runs of two or more word characters.
-WORD = re.compile(r"(?u)\w{2,}")
+WORD = re.compile(WORD_PATTERN)  # the words k-means saw
 NO_CLUSTER = -1
 
 
@@ -54,11 +54,8 @@ class PromptClusters:
         self._session = session
         self.path = path
         self.k = int(meta["k"])
-        self.sizes: list[int] = [int(n) for n in meta.get("sizes", [])]
-        self.terms: list[list[str]] = [list(t) for t in meta.get("terms", [])]
         self.vocabulary = frozenset(meta.get("vocabulary", ()))
         self.sha256 = str(meta.get("sha256", ""))
-        self.meta = dict(meta)
 
     @classmethod
     def load(cls, path: str | Path) -> PromptClusters:
@@ -69,11 +66,8 @@ class PromptClusters:
             raise ClusterLoadError(
                 f"{path}: cannot read the cluster model ({exc.strerror})"
             ) from None
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
         try:
-            session = ort.InferenceSession(raw, options, providers=["CPUExecutionProvider"])
+            session = _session(path, 1)  # the classifier's settings: one thread, sequential
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ClusterLoadError(f"{path}: not an ONNX model ({type(exc).__name__})") from None
         meta_text = session.get_modelmeta().custom_metadata_map.get(META_KEY)
@@ -104,21 +98,3 @@ class PromptClusters:
 
     def describe(self) -> dict[str, Any]:
         return {"file": str(self.path), "sha256": self.sha256, "k": self.k}
-
-
-_LOADED: dict[tuple[str, float, int], PromptClusters] = {}
-
-
-def load_clusters(path: str | Path) -> PromptClusters:
-    """`PromptClusters.load`, kept per file version: every workflow and reload naming one file
-    shares one session."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError as exc:
-        raise ClusterLoadError(f"{p}: cannot read the cluster model ({exc.strerror})") from None
-    key = (str(p.resolve()), st.st_mtime, st.st_size)
-    model = _LOADED.get(key)
-    if model is None:
-        model = _LOADED[key] = PromptClusters.load(p)
-    return model

@@ -41,13 +41,10 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
 from classifiers.dataset import RoutingDataset
-from classifiers.features import NUMERIC_INPUTS, model_inputs
+from classifiers.features import NUMERIC_INPUTS, WORD_PATTERN, model_inputs
 from classifiers.forked import forked_map, shared
 from classifiers.labels import gain_class, known
 
-# Words: maximal runs of 2+ word characters. classifiers.ngram_pool reproduces exactly this
-# pattern in the ONNX graph from character ids (word boundaries = non-word characters).
-WORD_PATTERN = r"(?u)\w{2,}"
 CLASS_VALUES = {-1: 0.0, 0: 0.5, 1: 1.0}
 
 Progress = Callable[[str], None]

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from classifiers.prompt_clusters import ClusterLoadError, PromptClusters, load_clusters
+from classifiers.prompt_clusters import ClusterLoadError, PromptClusters
 from trace_format.config_base import ConfigError
 
 
@@ -38,7 +38,7 @@ class ClusterSelect:
 def cluster_select(path: str, ids: Sequence[int], key: str) -> ClusterSelect:
     """Load the model and check the ids against it; ConfigError names `key` and the file."""
     try:
-        model = load_clusters(path)
+        model = PromptClusters.load(path)
     except ClusterLoadError as exc:
         raise ConfigError(f"{key}: {exc}") from None
     bad = sorted(i for i in ids if not 0 <= i < model.k)
